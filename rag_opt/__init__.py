@@ -1,0 +1,1 @@
+"""rag-opt: optimize the context between your retriever and your LLM."""
