@@ -1,0 +1,129 @@
+"""Turn attention features (and cheap lexical signals) into the probe's per-unit feature matrix.
+
+A feature *layout* is a list of named blocks; the probe stores the layout it was trained with and refuses a
+model or layout that does not match. Blocks:
+
+* ``attn_last`` / ``attn_question``: log attention (relative to uniform) per layer and head, from the final
+  token's row and from the mean of the question tokens' rows (``layers × heads`` values each);
+* ``doc_attn_question``: log share of attention on the unit's whole document, per layer and head, relative
+  to an even share — lets the probe see which document a sentence belongs to;
+* ``lexical``: BM25 of the unit and of its document against the question (raw and relative to the context's
+  best), question-term overlap, first-unit-of-document flag, log length in proxy tokens, relative position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rag_opt.attention import AttentionFeatures
+from rag_opt.lexical import bm25_scores, term_overlap
+
+EPS = 1e-3
+LEXICAL_NAMES = (
+    "bm25_rel",
+    "bm25_log",
+    "overlap",
+    "doc_bm25_rel",
+    "doc_overlap",
+    "first_in_doc",
+    "log_tokens",
+    "position_in_doc",
+)
+ALL_BLOCKS = ("attn_last", "attn_question", "doc_attn_question", "lexical")
+DEFAULT_BLOCKS = ALL_BLOCKS
+
+
+@dataclass(frozen=True)
+class FeatureLayout:
+    blocks: tuple[str, ...]
+    num_layers: int
+    num_heads: int
+
+    def __post_init__(self) -> None:
+        unknown = [b for b in self.blocks if b not in ALL_BLOCKS]
+        if unknown:
+            raise ValueError(f"unknown feature block(s) {unknown}; known: {list(ALL_BLOCKS)}")
+
+    def block_size(self, block: str) -> int:
+        return len(LEXICAL_NAMES) if block == "lexical" else self.num_layers * self.num_heads
+
+    @property
+    def size(self) -> int:
+        return sum(self.block_size(b) for b in self.blocks)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"blocks": list(self.blocks), "num_layers": self.num_layers, "num_heads": self.num_heads}
+
+
+@dataclass(frozen=True)
+class ContextUnits:
+    """The units of one context as scored: texts grouped by document, plus which are scoring candidates."""
+
+    docs: Sequence[Sequence[str]]  # unit texts per document, in prompt order
+    candidate: Sequence[Sequence[bool]]  # False for title/heading units (not scored by the probe)
+
+    @property
+    def doc_of_unit(self) -> np.ndarray:
+        return np.concatenate([np.full(len(u), d, dtype=np.int64) for d, u in enumerate(self.docs)] or [[]])
+
+
+def lexical_features(question: str, units: ContextUnits, unit_tokens: np.ndarray) -> np.ndarray:
+    flat = [u for doc in units.docs for u in doc]
+    n = len(flat)
+    doc_of = units.doc_of_unit
+    bm = bm25_scores(question, flat)
+    ov = term_overlap(question, flat)
+    doc_texts = ["".join(doc) for doc in units.docs]
+    dbm = bm25_scores(question, doc_texts)
+    dov = term_overlap(question, doc_texts)
+    first = np.zeros(n, dtype=np.float32)
+    pos = np.zeros(n, dtype=np.float32)
+    k = 0
+    for d, doc in enumerate(units.docs):
+        cands = [i for i, c in enumerate(units.candidate[d]) if c]
+        for rank, i in enumerate(cands):
+            first[k + i] = 1.0 if rank == 0 else 0.0
+            pos[k + i] = rank / max(len(cands) - 1, 1)
+        k += len(doc)
+    out = np.stack(
+        [
+            bm / (bm.max() if n and bm.max() > 0 else 1.0),
+            np.log1p(bm),
+            ov,
+            (dbm / (dbm.max() if dbm.size and dbm.max() > 0 else 1.0))[doc_of],
+            dov[doc_of],
+            first,
+            np.log1p(unit_tokens.astype(np.float32)),
+            pos,
+        ],
+        axis=1,
+    )
+    return out.astype(np.float32)
+
+
+def build_features(
+    layout: FeatureLayout, attn: AttentionFeatures, question: str, units: ContextUnits
+) -> np.ndarray:
+    """Feature matrix (n_units, layout.size) for every unit of the context (candidates and others)."""
+    if (attn.num_layers, attn.num_heads) != (layout.num_layers, layout.num_heads):
+        raise ValueError(
+            f"feature layout expects {layout.num_layers}×{layout.num_heads} layers×heads, the proxy model "
+            f"gives {attn.num_layers}×{attn.num_heads}"
+        )
+    n = attn.unit.shape[0]
+    doc_of = units.doc_of_unit
+    n_docs = max(len(units.docs), 1)
+    blocks: list[np.ndarray] = []
+    for block in layout.blocks:
+        if block == "attn_last":
+            blocks.append(np.log(attn.unit[:, 0].reshape(n, -1) + EPS))
+        elif block == "attn_question":
+            blocks.append(np.log(attn.unit[:, 1].reshape(n, -1) + EPS))
+        elif block == "doc_attn_question":
+            blocks.append(np.log(attn.doc_mass[doc_of, 1].reshape(n, -1) * n_docs + EPS))
+        elif block == "lexical":
+            blocks.append(lexical_features(question, units, attn.unit_tokens))
+    return np.concatenate(blocks, axis=1).astype(np.float32)

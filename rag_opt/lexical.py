@@ -1,0 +1,49 @@
+"""Cheap lexical relevance: BM25 (the ``bm25s`` library) of texts against a question.
+
+Used as a baseline in the benchmarks and as extra features inside the probe. The corpus is the texts being
+scored themselves (the units of one context), so IDF reflects what is distinctive in this context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def _tokens(texts: Sequence[str]) -> list[list[str]]:
+    import bm25s
+
+    out = bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)
+    return [list(t) for t in out]
+
+
+def bm25_scores(question: str, texts: Sequence[str]) -> np.ndarray:
+    """BM25 score of each text for the question (0 for texts sharing no term with it)."""
+    import bm25s
+
+    if not texts:
+        return np.zeros(0, dtype=np.float32)
+    corpus = _tokens(texts)
+    query = _tokens([question])[0]
+    if not any(corpus) or not query:
+        return np.zeros(len(texts), dtype=np.float32)
+    # bm25s cannot index empty documents: give them a placeholder token that no query contains
+    corpus = [toks if toks else ["\x00"] for toks in corpus]
+    retriever = bm25s.BM25()
+    retriever.index(corpus, show_progress=False)
+    vocab = retriever.vocab_dict
+    known = [t for t in query if t in vocab]
+    if not known:
+        return np.zeros(len(texts), dtype=np.float32)
+    return np.asarray(retriever.get_scores(known), dtype=np.float32)
+
+
+def term_overlap(question: str, texts: Sequence[str]) -> np.ndarray:
+    """Share of the question's distinct content terms that occur in each text."""
+    if not texts:
+        return np.zeros(0, dtype=np.float32)
+    q = set(_tokens([question])[0])
+    if not q:
+        return np.zeros(len(texts), dtype=np.float32)
+    return np.asarray([len(q & set(t)) / len(q) for t in _tokens(texts)], dtype=np.float32)

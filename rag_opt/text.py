@@ -1,0 +1,394 @@
+"""Sentence segmentation with exact character offsets.
+
+:func:`segment` partitions a text into contiguous, non-empty :class:`Segment` spans (sentences, headings, list
+items and *protected* units: fenced code, pipe tables and JSON blocks). Joining the spans rebuilds the input
+byte for byte, so a compressor can drop segments and keep exact offsets into the original document.
+
+Prose is split by the offline ``sentencex`` library; this module adds the structure it does not know about:
+
+* protected units are detected first and are never split (they are kept or dropped whole);
+* blank lines are paragraph breaks, Markdown headings are their own segment, list items start a new segment;
+* single newlines inside a paragraph (hard-wrapped text) are not boundaries on their own;
+* whitespace between two segments belongs to the end of the preceding one, so every segment but the first
+  starts with a non-whitespace character.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["Segment", "SegmentKind", "segment"]
+
+logger = logging.getLogger(__name__)
+
+SegmentKind = Literal["sentence", "heading", "list_item", "code", "table", "json"]
+
+_PROTECTED_KINDS: frozenset[str] = frozenset({"code", "table", "json"})
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A span ``text[start:end]`` of the segmented text."""
+
+    start: int
+    """Character offset into the original text (inclusive)."""
+    end: int
+    """Character offset into the original text (exclusive)."""
+    kind: SegmentKind
+
+    @property
+    def protected(self) -> bool:
+        """True for code, tables and JSON: never split, kept or dropped whole."""
+        return self.kind in _PROTECTED_KINDS
+
+    def text_of(self, text: str) -> str:
+        """The segment's characters in ``text`` (the string it was computed from)."""
+        return text[self.start : self.end]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Line-level structure
+# ----------------------------------------------------------------------------------------------------
+
+# Fenced code: up to 3 spaces of indentation, then ``` or ~~~ (3 or more). A backtick fence's info string
+# may not contain a backtick (CommonMark), so inline ```code``` on one line does not open a block.
+_FENCE_OPEN = re.compile(r"[ \t]{0,3}(`{3,}|~{3,})(.*)")
+_HEADING = re.compile(r"[ \t]{0,3}#{1,6}(?:[ \t]|$)")
+_BULLETS = "-*+•◦▪‣"
+_LIST_ITEM = re.compile(r"[ \t]*(?:[" + re.escape(_BULLETS) + r"]|\d{1,3}[.)]|[A-Za-z]\))[ \t]+\S")
+# A prose piece that is nothing but a list marker ("1. ", "- ", "a) ", "(iv)") is never a segment of its own.
+_BARE_MARKER = re.compile(
+    r"\(?(?:[" + re.escape(_BULLETS) + r"]|\d{1,3}[.)]?|[A-Za-z][.)]|[ivxlcdmIVXLCDM]{1,6}[.)])\)?"
+)
+_TABLE_SEPARATOR = re.compile(r"[ \t]*\|?[ \t]*:?-+:?[ \t]*(?:\|[ \t]*:?-+:?[ \t]*)*\|?[ \t]*")
+_WORD_CHAR = re.compile(r"\w")
+
+# Characters that end a sentence, and closers that may follow them (quotes, brackets, emphasis markers).
+_TERMINALS = frozenset(".!?…。！？｡؟۔।॥‼⁇⁈⁉")
+_CLOSERS = frozenset("\"'”’»)]}*_`」』）】〕〉》")
+
+_JSON_DECODER = json.JSONDecoder()
+_JSON_OPENER = re.compile(r"[\[{]")
+
+_BlockKind = Literal["code", "table", "json", "heading", "para", "item"]
+_WHOLE_BLOCK_KINDS: dict[str, SegmentKind] = {
+    "code": "code",
+    "table": "table",
+    "json": "json",
+    "heading": "heading",
+}
+
+
+@dataclass(slots=True)
+class _Block:
+    start: int  # offset of the block's first character (its first line's start)
+    end: int  # exclusive; includes trailing newlines and blank lines that follow the block
+    kind: _BlockKind
+
+
+def _line_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of every line; ``end`` includes the ``\\n``. Only ``\\n`` separates lines."""
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    n = len(text)
+    while pos < n:
+        nl = text.find("\n", pos)
+        end = n if nl < 0 else nl + 1
+        spans.append((pos, end))
+        pos = end
+    return spans
+
+
+def _content(text: str, span: tuple[int, int]) -> str:
+    """A line without its line terminator."""
+    return text[span[0] : span[1]].rstrip("\r\n")
+
+
+def _is_blank(text: str, span: tuple[int, int]) -> bool:
+    return not text[span[0] : span[1]].strip()
+
+
+def _fence_end(text: str, lines: Sequence[tuple[int, int]], i: int) -> int | None:
+    """If line ``i`` opens a fenced code block, the index of its last line (closing fence or end of text)."""
+    m = _FENCE_OPEN.fullmatch(_content(text, lines[i]))
+    if m is None:
+        return None
+    fence, info = m.group(1), m.group(2)
+    if fence[0] == "`" and "`" in info:
+        return None
+    closing = re.compile(r"[ \t]{0,3}" + re.escape(fence[0]) + "{" + str(len(fence)) + r",}[ \t]*")
+    for j in range(i + 1, len(lines)):
+        if closing.fullmatch(_content(text, lines[j])):
+            return j
+    return len(lines) - 1
+
+
+def _is_table_separator(line: str) -> bool:
+    return "|" in line and "-" in line and _TABLE_SEPARATOR.fullmatch(line) is not None
+
+
+def _is_table_like(line: str) -> bool:
+    return line.lstrip().startswith("|") or " | " in line or _is_table_separator(line)
+
+
+def _table_run_end(text: str, lines: Sequence[tuple[int, int]], i: int) -> tuple[int, bool]:
+    """Index of the last line of the run of table-like lines starting at ``i`` and whether it is a table.
+
+    A run is a table when it has a separator row (``|---|---|``), or when it has at least two lines that all
+    start and end with ``|`` (pipe tables exported without a separator row).
+    """
+    j = i
+    has_separator = False
+    all_piped = True
+    while j < len(lines):
+        line = _content(text, lines[j])
+        if not line.strip() or not _is_table_like(line):
+            break
+        stripped = line.strip()
+        has_separator = has_separator or _is_table_separator(line)
+        all_piped = all_piped and stripped.startswith("|") and stripped.endswith("|") and len(stripped) > 1
+        j += 1
+    last = j - 1
+    n_lines = j - i
+    return last, n_lines >= 2 and (has_separator or all_piped)
+
+
+def _json_end(text: str, lines: Sequence[tuple[int, int]], i: int) -> tuple[int | None, int]:
+    """Detect a JSON block starting on line ``i``.
+
+    Returns the index of the block's last line (None if there is no JSON value starting the line, or if
+    something follows it on its last line) and the offset where a failed parse stopped (-1 otherwise), so
+    the caller can skip lines a failed multi-line parse already went through.
+    """
+    line_start, line_end = lines[i]
+    line = text[line_start:line_end]
+    stripped = line.lstrip()
+    if not stripped or stripped[0] not in "{[":
+        return None, -1
+    start = line_start + (len(line) - len(stripped))
+    try:
+        # The C scanner parses exactly one value from ``start`` and stops at its end (or at the first error),
+        # which is the balanced extent of the block; strict mode rejects raw newlines inside strings.
+        end = _JSON_DECODER.raw_decode(text, start)[1]
+    except json.JSONDecodeError as exc:
+        return None, exc.pos
+    except RecursionError:
+        # Nested deeper than the interpreter allows: not a block worth protecting. The parse got past at least
+        # a few hundred openers; report the offset of the last of those as covered.
+        covered = -1
+        for covered_count, m in enumerate(_JSON_OPENER.finditer(text, start), start=1):
+            covered = m.start()
+            if covered_count >= 500:
+                break
+        return None, covered
+    except ValueError:
+        return None, -1
+    j = i
+    while lines[j][1] < end:
+        j += 1
+    if text[end : lines[j][1]].strip():
+        return None, -1
+    return j, -1
+
+
+def _blocks(text: str) -> list[_Block]:
+    """Split ``text`` into structural blocks; blank lines attach to the preceding block."""
+    lines = _line_spans(text)
+    blocks: list[_Block] = []
+    prose_open = False  # whether the last block is a paragraph / list item a following line may continue
+    no_table_until = -1  # lines up to this index are known not to start a table (avoids quadratic rescans)
+    no_json_before = -1  # lines ending at or before this offset lay inside a failed multi-line JSON parse
+    i = 0
+    n = len(lines)
+    while i < n:
+        span = lines[i]
+        if _is_blank(text, span):
+            if blocks:
+                blocks[-1].end = span[1]
+            prose_open = False
+            i += 1
+            continue
+        line = _content(text, span)
+        last: int | None = None
+        kind: _BlockKind | None = None
+        fence_last = _fence_end(text, lines, i)
+        if fence_last is not None:
+            last, kind = fence_last, "code"
+        elif i > no_table_until and _is_table_like(line):
+            run_last, is_table = _table_run_end(text, lines, i)
+            if is_table:
+                last, kind = run_last, "table"
+            else:
+                no_table_until = run_last
+        if kind is None:
+            json_last: int | None = None
+            if span[1] > no_json_before:
+                json_last, failed_at = _json_end(text, lines, i)
+                no_json_before = max(no_json_before, failed_at)
+            if json_last is not None:
+                last, kind = json_last, "json"
+            elif _HEADING.match(line):
+                last, kind = i, "heading"
+        if kind is not None and last is not None:
+            blocks.append(_Block(span[0], lines[last][1], kind))
+            prose_open = False
+            i = last + 1
+            continue
+        if _LIST_ITEM.match(line):
+            blocks.append(_Block(span[0], span[1], "item"))
+        elif prose_open:
+            blocks[-1].end = span[1]
+        else:
+            blocks.append(_Block(span[0], span[1], "para"))
+        prose_open = True
+        i += 1
+    return blocks
+
+
+# ----------------------------------------------------------------------------------------------------
+# Prose splitting
+# ----------------------------------------------------------------------------------------------------
+
+
+def _sentencex_cuts(block: str, language: str) -> list[int] | None:
+    """Sentence start offsets (but 0) inside ``block`` from sentencex; None if it failed or disagreed."""
+    try:
+        import sentencex
+
+        boundaries: Any = sentencex.get_sentence_boundaries(language, block)
+    except Exception as exc:  # any failure of the native splitter falls back to one segment
+        logger.warning(
+            "sentencex failed on a %d-character block (%s); kept it as one segment", len(block), exc
+        )
+        return None
+    cuts: list[int] = []
+    previous_end = 0
+    try:
+        for b in boundaries:
+            s, e = int(b["start_index"]), int(b["end_index"])
+            piece = b.get("text")
+            if not (previous_end <= s <= e <= len(block)) or (piece is not None and piece != block[s:e]):
+                raise ValueError(f"inconsistent boundary {s}:{e} after {previous_end}")
+            if 0 < s < len(block) and (not cuts or s > cuts[-1]):
+                cuts.append(s)
+            if 0 < e < len(block) and (not cuts or e > cuts[-1]):
+                cuts.append(e)
+            previous_end = e
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        logger.warning(
+            "sentencex returned inconsistent offsets for a %d-character block (%s); kept it as one segment",
+            len(block),
+            exc,
+        )
+        return None
+    return cuts
+
+
+def _skip_space(text: str, pos: int, end: int) -> int:
+    while pos < end and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def _ends_sentence(text: str, start: int, cut: int) -> bool:
+    """Whether the non-whitespace text before ``cut`` ends with sentence-final punctuation."""
+    j = cut - 1
+    while j >= start and text[j].isspace():
+        j -= 1
+    while j >= start and text[j] in _CLOSERS:
+        j -= 1
+    return j >= start and text[j] in _TERMINALS
+
+
+def _prose_cuts(text: str, start: int, end: int, language: str) -> list[int]:
+    """Absolute start offsets of the sentences after the first in the prose block ``text[start:end]``."""
+    content_end = start + len(text[start:end].rstrip())
+    if content_end <= start:
+        return []
+    block = text[start:content_end]
+    raw = _sentencex_cuts(block, language)
+    if not raw:
+        return []
+    cuts: list[int] = []
+    for rel in raw:
+        cut = _skip_space(text, start + rel, content_end)
+        if cut >= content_end or cut <= start or (cuts and cut <= cuts[-1]):
+            continue
+        gap_start = cut
+        while gap_start > start and text[gap_start - 1].isspace():
+            gap_start -= 1
+        # A single newline is not a sentence boundary by itself (hard-wrapped text).
+        if "\n" in text[gap_start:cut] and not _ends_sentence(text, start, cut):
+            continue
+        cuts.append(cut)
+    return _merge_fragments(text, start, content_end, cuts)
+
+
+def _merge_fragments(text: str, start: int, end: int, cuts: list[int]) -> list[int]:
+    """Drop cuts that would leave a bare list marker or a piece without any word character on its own."""
+    bounds = [start, *cuts, end]
+    keep = [True] * len(cuts)  # keep[k] is for bounds[k + 1]
+    for k in range(len(bounds) - 1):
+        piece = text[bounds[k] : bounds[k + 1]].strip()
+        if _BARE_MARKER.fullmatch(piece):
+            if k < len(cuts):
+                keep[k] = False  # merge forward
+            elif k > 0:
+                keep[k - 1] = False  # last piece: merge backward
+        elif not _WORD_CHAR.search(piece) and k > 0:
+            keep[k - 1] = False  # punctuation / emoji only: merge backward
+    return [c for c, flag in zip(cuts, keep, strict=True) if flag]
+
+
+# ----------------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------------
+
+
+def segment(text: str, language: str = "en") -> list[Segment]:
+    """Partition ``text`` into sentence / structural segments with exact character offsets.
+
+    The result is a contiguous partition: the first segment starts at 0, each starts where the previous
+    one ends, the last ends at ``len(text)``, and no segment is empty or whitespace-only (unless the whole
+    text is). ``"".join(text[s.start:s.end] for s in segment(text)) == text`` always holds; empty text
+    gives ``[]``.
+
+    ``language`` is an ISO 639 code passed to ``sentencex`` (unknown codes fall back to its defaults).
+    """
+    if not text:
+        return []
+    starts: list[tuple[int, SegmentKind]] = []
+    for block in _blocks(text):
+        whole = _WHOLE_BLOCK_KINDS.get(block.kind)
+        if whole is not None:
+            starts.append((block.start, whole))
+            continue
+        first: SegmentKind = "list_item" if block.kind == "item" else "sentence"
+        starts.append((block.start, first))
+        starts.extend((cut, "sentence") for cut in _prose_cuts(text, block.start, block.end, language))
+    return _normalize(text, starts)
+
+
+def _normalize(text: str, starts: list[tuple[int, SegmentKind]]) -> list[Segment]:
+    """Turn start offsets into a partition whose segments (but the first) start with non-whitespace."""
+    n = len(text)
+    if not starts:
+        return [Segment(0, n, "sentence")]
+    fixed: list[tuple[int, SegmentKind]] = [(0, starts[0][1])]
+    for idx in range(1, len(starts)):
+        pos, kind = starts[idx]
+        limit = starts[idx + 1][0] if idx + 1 < len(starts) else n
+        pos = _skip_space(text, max(pos, fixed[-1][0] + 1), limit)
+        if pos >= limit or pos <= fixed[-1][0]:
+            continue  # whitespace-only (or empty) piece: its characters stay with the preceding segment
+        fixed.append((pos, kind))
+    segments = [
+        Segment(pos, fixed[k + 1][0] if k + 1 < len(fixed) else n, kind)
+        for k, (pos, kind) in enumerate(fixed)
+    ]
+    return segments

@@ -1,0 +1,170 @@
+"""Typed data shared by every stage: input documents, scored units and the optimization result."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+UnitKind = Literal["title", "sentence", "heading", "list_item", "code", "table", "json"]
+
+
+class Document(BaseModel):
+    """An input document: its text, an optional id, metadata (preserved untouched) and retriever score."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str
+    id: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    score: float | None = None
+    title: str | None = None
+
+    @field_validator("score")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("score must be a finite number")
+        return v
+
+
+DocumentLike = str | Mapping[str, Any] | Document | Any  # Any: LangChain Document or similar (page_content)
+
+
+def to_documents(documents: Sequence[DocumentLike]) -> list[Document]:
+    """Normalise strings, dicts, :class:`Document` s and LangChain ``Document`` s to :class:`Document` s.
+
+    Raises ``TypeError``/``ValueError`` naming the offending index for anything else.
+    """
+    if isinstance(documents, (str, bytes, Mapping)):
+        raise TypeError("documents must be a list of documents, not a single " + type(documents).__name__)
+    out: list[Document] = []
+    for i, doc in enumerate(documents):
+        try:
+            out.append(_to_document(doc))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"documents[{i}]: {exc}") from None
+    return out
+
+
+def _to_document(doc: DocumentLike) -> Document:
+    if isinstance(doc, Document):
+        return doc
+    if isinstance(doc, str):
+        return Document(text=doc)
+    if isinstance(doc, Mapping):
+        unknown = set(doc) - {"text", "id", "metadata", "score", "title", "page_content"}
+        if unknown:
+            raise ValueError(f"unknown field(s) {sorted(unknown)}; expected text, id, metadata, score, title")
+        text = doc.get("text", doc.get("page_content"))
+        if not isinstance(text, str):
+            raise TypeError(f"'text' must be a string, got {type(text).__name__}")
+        doc_id = doc.get("id")
+        if doc_id is not None and not isinstance(doc_id, (str, int)):
+            raise TypeError(f"'id' must be a string or integer, got {type(doc_id).__name__}")
+        metadata = doc.get("metadata") or {}
+        if not isinstance(metadata, Mapping):
+            raise TypeError(f"'metadata' must be an object, got {type(metadata).__name__}")
+        score = doc.get("score")
+        if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))):
+            raise TypeError(f"'score' must be a number, got {type(score).__name__}")
+        title = doc.get("title")
+        if title is not None and not isinstance(title, str):
+            raise TypeError(f"'title' must be a string, got {type(title).__name__}")
+        return Document(
+            text=text,
+            id=None if doc_id is None else str(doc_id),
+            metadata=dict(metadata),
+            score=score,
+            title=title,
+        )
+    page_content = getattr(doc, "page_content", None)
+    if isinstance(page_content, str):  # LangChain Document (duck-typed: no hard import)
+        metadata = dict(getattr(doc, "metadata", None) or {})
+        lc_id = getattr(doc, "id", None)
+        return Document(text=page_content, id=None if lc_id is None else str(lc_id), metadata=metadata)
+    raise TypeError(
+        f"unsupported document type {type(doc).__name__}: use a string, a dict with 'text', "
+        "a rag_opt.Document or a LangChain Document"
+    )
+
+
+class Unit(BaseModel):
+    """A unit of a document: a sentence, a title/heading line or a protected block, with its score."""
+
+    start: int = Field(description="character offset into the original document text (inclusive)")
+    end: int = Field(description="character offset (exclusive)")
+    kind: UnitKind
+    tokens: int = Field(description="tokens of this unit in the target LLM's tokenizer")
+    score: float | None = Field(default=None, description="relevance probability (or raw attention score)")
+    kept: bool = True
+
+
+class OutputDocument(BaseModel):
+    """A document of the result, in output order."""
+
+    id: str = Field(description="the input id, or the input index as a string")
+    index: int = Field(description="position of the document in the input")
+    text: str = Field(description="the kept text: kept units verbatim, in original order")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    title: str | None = None
+    score: float | None = Field(default=None, description="document relevance (calibrated when available)")
+    raw_score: float | None = Field(default=None, description="document relevance before calibration")
+    retriever_score: float | None = None
+    kept_spans: list[tuple[int, int]] = Field(
+        default_factory=list, description="character spans of the original text that were kept"
+    )
+    units: list[Unit] = Field(default_factory=list)
+    tokens_before: int = 0
+    tokens_after: int = 0
+
+
+class Timings(BaseModel):
+    segment_ms: float = 0.0
+    score_ms: float = 0.0
+    select_ms: float = 0.0
+    order_ms: float = 0.0
+    total_ms: float = 0.0
+
+
+class OptimizeResult(BaseModel):
+    """What :func:`rag_opt.optimize` returns."""
+
+    query: str
+    documents: list[OutputDocument] = Field(description="kept documents in output order")
+    dropped: list[OutputDocument] = Field(default_factory=list, description="documents with nothing kept")
+    tokens_before: int
+    tokens_after: int
+    token_budget: int | None = Field(default=None, description="the target-token budget that was applied")
+    target_tokenizer: str
+    scorer: str = Field(description="'probe', 'raw-attention' or 'none' (no compression requested)")
+    proxy_model: str | None = None
+    calibrated: bool = False
+    ordering: str = "input"
+    timings: Timings = Field(default_factory=Timings)
+    warnings: list[str] = Field(default_factory=list)
+
+    @property
+    def ratio(self) -> float:
+        """Achieved ratio of target-LLM tokens kept (1.0 for empty input)."""
+        return self.tokens_after / self.tokens_before if self.tokens_before else 1.0
+
+    @property
+    def tokens_saved(self) -> int:
+        return self.tokens_before - self.tokens_after
+
+    def context(self, separator: str = "\n\n", *, with_titles: bool = True) -> str:
+        """The optimized documents rendered as one context string."""
+        parts = []
+        for doc in self.documents:
+            head = f"{doc.title}\n" if with_titles and doc.title else ""
+            parts.append(head + doc.text)
+        return separator.join(parts)
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        data = self.model_dump(mode="json")
+        data["ratio"] = self.ratio
+        return json.dumps(data, indent=indent, ensure_ascii=False)
