@@ -14,6 +14,7 @@ import string
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 
 def data_dir() -> Path:
@@ -46,7 +47,9 @@ class HotpotExample:
         return "".join(self.sentences[p])
 
 
-def read_hotpotqa(path: str | Path, *, limit: int | None = None, seed: int | None = None) -> list[HotpotExample]:
+def read_hotpotqa(
+    path: str | Path, *, limit: int | None = None, seed: int | None = None
+) -> list[HotpotExample]:
     """Read a HotpotQA JSONL(.gz) file. With ``seed``, the examples are shuffled deterministically first."""
     out: list[HotpotExample] = []
     with _open(path) as fh:
@@ -89,7 +92,7 @@ def read_jsonl(path: str | Path) -> Iterator[dict[str, object]]:
                 yield json.loads(line)
 
 
-def _open(path: str | Path):  # type: ignore[no-untyped-def]
+def _open(path: str | Path) -> IO[str]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"data file not found: {p}")

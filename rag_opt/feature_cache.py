@@ -46,7 +46,13 @@ class FeatureCache:
         for shard in self.shards():
             with np.load(shard, allow_pickle=False) as z:
                 uo, do = z["unit_offsets"], z["doc_offsets"]
-                unit, mass, toks, ctx, win = z["unit"], z["doc_mass"], z["unit_tokens"], z["ctx"], z["windows"]
+                unit, mass, toks, ctx, win = (
+                    z["unit"],
+                    z["doc_mass"],
+                    z["unit_tokens"],
+                    z["ctx"],
+                    z["windows"],
+                )
                 for i, ex_id in enumerate(z["ids"]):
                     key = str(ex_id)
                     if wanted is not None and key not in wanted:
@@ -102,7 +108,9 @@ def fill_cache(
 
     done = cache.ids()
     todo = [ex for ex in examples if ex[0] not in done]
-    logger.info("%d of %d examples already cached in %s", len(examples) - len(todo), len(examples), cache.root)
+    logger.info(
+        "%d of %d examples already cached in %s", len(examples) - len(todo), len(examples), cache.root
+    )
     pending: list[CachedExample] = []
     for ex_id, docs, question in tqdm(todo, desc=desc, disable=not progress, mininterval=5.0):
         pending.append(CachedExample(ex_id, compute(docs, question)))

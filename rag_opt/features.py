@@ -67,7 +67,8 @@ class ContextUnits:
 
     @property
     def doc_of_unit(self) -> np.ndarray:
-        return np.concatenate([np.full(len(u), d, dtype=np.int64) for d, u in enumerate(self.docs)] or [[]])
+        parts = [np.full(len(u), d, dtype=np.int64) for d, u in enumerate(self.docs)]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def lexical_features(question: str, units: ContextUnits, unit_tokens: np.ndarray) -> np.ndarray:

@@ -36,6 +36,7 @@ class _DocUnits:
     kinds: list[str]
     tokens: list[int]  # per segment, target tokens
     title_tokens: int
+    text_tokens: int  # the whole text (BPE merges across segments make it differ from the sum)
 
     @property
     def unit_texts(self) -> list[str]:
@@ -52,9 +53,15 @@ def _title_of(doc: Document) -> str | None:
 
 def check_budget_args(ratio: float | None, target_tokens: int | None, threshold: float | None) -> None:
     """Validate the compression settings (at most one of ratio / target_tokens / threshold)."""
-    given = [n for n, v in (("ratio", ratio), ("target_tokens", target_tokens), ("threshold", threshold)) if v is not None]
+    given = [
+        n
+        for n, v in (("ratio", ratio), ("target_tokens", target_tokens), ("threshold", threshold))
+        if v is not None
+    ]
     if len(given) > 1:
-        raise ValueError(f"give at most one of ratio, target_tokens and threshold (got {' and '.join(given)})")
+        raise ValueError(
+            f"give at most one of ratio, target_tokens and threshold (got {' and '.join(given)})"
+        )
     if ratio is not None:
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio):
             raise ValueError(f"ratio must be a number in (0, 1], got {ratio!r}")
@@ -176,7 +183,7 @@ class ContextOptimizer:
         # segment
         t = time.perf_counter()
         units = [self._segment(d, counter) for d in docs]
-        tokens_before = sum(u.title_tokens + sum(u.tokens) for u in units)
+        tokens_before = sum(u.title_tokens + u.text_tokens for u in units)
         timings.segment_ms = (time.perf_counter() - t) * 1e3
 
         compress = ratio is not None or target_tokens is not None or threshold is not None
@@ -192,13 +199,18 @@ class ContextOptimizer:
         method = "none"
         proxy_name = None
         scorable = [i for i, u in enumerate(units) if u.spans]
-        if compress and any(len(units[i].spans) for i in scorable) and (budget is None or budget < tokens_before):
+        if (
+            compress
+            and any(len(units[i].spans) for i in scorable)
+            and (budget is None or budget < tokens_before)
+        ):
             scorer = self.scorer()  # loading the model is not part of the score stage's timing
             t = time.perf_counter()
             ctx = ContextUnits(
                 docs=[units[i].unit_texts for i in scorable],
                 candidate=[
-                    ([False] if units[i].title else []) + [k != "heading" for k in units[i].kinds] for i in scorable
+                    ([False] if units[i].title else []) + [k != "heading" for k in units[i].kinds]
+                    for i in scorable
                 ],
             )
             sc = scorer.score(query, ctx)
@@ -221,7 +233,9 @@ class ContextOptimizer:
         kept = self._select(units, scores, budget, threshold, compress and method != "none", counter)
         timings.select_ms = (time.perf_counter() - t) * 1e3
 
-        out_docs = [self._output(i, u, scores[i], kept[i], doc_scores[i], counter) for i, u in enumerate(units)]
+        out_docs = [
+            self._output(i, u, scores[i], kept[i], doc_scores[i], counter) for i, u in enumerate(units)
+        ]
         keep_doc = [any(k) or (not u.spans and not compress) for u, k in zip(units, kept, strict=True)]
         if not compress:
             keep_doc = [True] * len(units)
@@ -267,6 +281,7 @@ class ContextOptimizer:
             kinds=[s.kind for s in segs],
             tokens=[counter.count(doc.text[s.start : s.end]) for s in segs],
             title_tokens=counter.count(f"{title}\n") if title else 0,
+            text_tokens=counter.count(doc.text),
         )
 
     def _select(
@@ -279,7 +294,7 @@ class ContextOptimizer:
         counter: TokenCounter,
     ) -> list[list[bool]]:
         if not scored:
-            if budget is not None and budget < sum(u.title_tokens + sum(u.tokens) for u in units):
+            if budget is not None and budget < sum(u.title_tokens + u.text_tokens for u in units):
                 # nothing could be scored (e.g. every document empty) but a budget applies: keep nothing
                 return [[False] * len(u.spans) for u in units]
             return [[True] * len(u.spans) for u in units]
@@ -304,10 +319,17 @@ class ContextOptimizer:
                     if not first_seen:
                         first_units.append(len(cands))
                         first_seen = True
-                    cands.append(Candidate(doc=d, tokens=u.tokens[k], score=float(s if s is not None else 0.0), needs=needs))
+                    cands.append(
+                        Candidate(
+                            doc=d, tokens=u.tokens[k], score=float(s if s is not None else 0.0), needs=needs
+                        )
+                    )
                 where.append((d, k))
         opts = SelectionOptions(
-            budget=budget, threshold=threshold, keep_best_per_doc=self.keep_best_per_doc, keep_first=self.keep_first
+            budget=budget,
+            threshold=threshold,
+            keep_best_per_doc=self.keep_best_per_doc,
+            keep_first=self.keep_first,
         )
         kept_c = select(cands, opts, first_units)
         # Verify against the rendered text (BPE merges across unit boundaries can change counts): trim the
@@ -335,7 +357,9 @@ class ContextOptimizer:
         return self._kept_per_doc(units, kept_c, where)
 
     @staticmethod
-    def _kept_per_doc(units: list[_DocUnits], kept_c: list[bool], where: list[tuple[int, int]]) -> list[list[bool]]:
+    def _kept_per_doc(
+        units: list[_DocUnits], kept_c: list[bool], where: list[tuple[int, int]]
+    ) -> list[list[bool]]:
         kept = [[False] * len(u.spans) for u in units]
         has_sentence = [False] * len(units)
         for flag, (d, k) in zip(kept_c, where, strict=True):
@@ -370,7 +394,7 @@ class ContextOptimizer:
                 Unit(start=s, end=e, kind=kind, tokens=tok, score=sc, kept=k)  # type: ignore[arg-type]
                 for (s, e), kind, tok, sc, k in zip(u.spans, u.kinds, u.tokens, scores, kept, strict=True)
             ],
-            tokens_before=u.title_tokens + sum(u.tokens),
+            tokens_before=u.title_tokens + u.text_tokens,
             tokens_after=((u.title_tokens if u.title else 0) + counter.count(text)) if any(kept) else 0,
         )
 
@@ -435,5 +459,6 @@ def optimize(
             opt = ContextOptimizer(model=model, target=target, **kwargs)
             if not kwargs:
                 _DEFAULT = opt
-    return opt.optimize(query, documents, ratio=ratio, target_tokens=target_tokens, threshold=threshold, ordering=ordering)
-
+    return opt.optimize(
+        query, documents, ratio=ratio, target_tokens=target_tokens, threshold=threshold, ordering=ordering
+    )

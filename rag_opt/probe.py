@@ -166,8 +166,8 @@ def train_logistic(
     def closure() -> torch.Tensor:
         opt.zero_grad()
         loss = loss_fn(Xt @ w + b, yt) + l2 * (w * w).sum()
-        loss.backward()  # type: ignore[no-untyped-call]
+        loss.backward()
         return loss
 
-    opt.step(closure)  # type: ignore[no-untyped-call]
+    opt.step(closure)
     return mean, scale, w.detach().numpy().copy(), float(b.detach().item())

@@ -35,7 +35,9 @@ class Scores:
 class AttentionScorer:
     """Scores the units of a context with the proxy model's attention and (when available) a probe."""
 
-    def __init__(self, proxy: ProxyModel, probe: Probe | None | str = "auto", *, max_tokens: int = 2048) -> None:
+    def __init__(
+        self, proxy: ProxyModel, probe: Probe | None | str = "auto", *, max_tokens: int = 2048
+    ) -> None:
         self.proxy = proxy
         self.max_tokens = max_tokens
         if probe == "auto":
@@ -69,4 +71,6 @@ class AttentionScorer:
         for i in np.flatnonzero(cand):
             doc[doc_of[i]] = max(doc[doc_of[i]], unit_scores[i])
         doc[~np.isfinite(doc)] = 0.0
-        return Scores(unit=np.asarray(unit_scores, dtype=np.float64), doc=doc, method=self.method, attention=attn)
+        return Scores(
+            unit=np.asarray(unit_scores, dtype=np.float64), doc=doc, method=self.method, attention=attn
+        )

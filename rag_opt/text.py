@@ -61,6 +61,7 @@ _FENCE_OPEN = re.compile(r"[ \t]{0,3}(`{3,}|~{3,})(.*)")
 _HEADING = re.compile(r"[ \t]{0,3}#{1,6}(?:[ \t]|$)")
 _BULLETS = "-*+•◦▪‣"
 _LIST_ITEM = re.compile(r"[ \t]*(?:[" + re.escape(_BULLETS) + r"]|\d{1,3}[.)]|[A-Za-z]\))[ \t]+\S")
+_ORDERED_MARKER = re.compile(r"[ \t]*(?:(\d{1,3})[.)]|([A-Za-z])\))")
 # A prose piece that is nothing but a list marker ("1. ", "- ", "a) ", "(iv)") is never a segment of its own.
 _BARE_MARKER = re.compile(
     r"\(?(?:[" + re.escape(_BULLETS) + r"]|\d{1,3}[.)]?|[A-Za-z][.)]|[ivxlcdmIVXLCDM]{1,6}[.)])\)?"
@@ -74,6 +75,12 @@ _CLOSERS = frozenset("\"'”’»)]}*_`」』）】〕〉》")
 
 _JSON_DECODER = json.JSONDecoder()
 _JSON_OPENER = re.compile(r"[\[{]")
+
+# What sentencex sees of a prose block: every whitespace character but the space and the tab becomes one
+# space (character offsets do not change). Line breaks inside a paragraph are hard wraps, not boundaries, and
+# sentencex would otherwise guess list items at line starts ("O\n2. Next"); multi-byte spaces make sentencex
+# 1.0.32 panic on some inputs ("A\u00a0.").
+_SENTENCEX_SPACES = str.maketrans({c: " " for c in map(chr, range(0x3001)) if c.isspace() and c not in " \t"})
 
 _BlockKind = Literal["code", "table", "json", "heading", "para", "item"]
 _WHOLE_BLOCK_KINDS: dict[str, SegmentKind] = {
@@ -196,6 +203,20 @@ def _json_end(text: str, lines: Sequence[tuple[int, int]], i: int) -> tuple[int 
     return j, -1
 
 
+def _can_interrupt(line: str) -> bool:
+    """Whether a list-item line may interrupt a paragraph (CommonMark: a bullet, or an ordered "1." / "a)").
+
+    A hard-wrapped line that happens to start with "2." or "3)" (e.g. the subscript in "O\n2. Next") continues
+    the paragraph instead of starting a list.
+    """
+    m = _ORDERED_MARKER.match(line)
+    if m is None:
+        return True
+    if m.group(1) is not None:
+        return int(m.group(1)) == 1
+    return m.group(2) in "aA"
+
+
 def _blocks(text: str) -> list[_Block]:
     """Split ``text`` into structural blocks; blank lines attach to the preceding block."""
     lines = _line_spans(text)
@@ -239,7 +260,7 @@ def _blocks(text: str) -> list[_Block]:
             prose_open = False
             i = last + 1
             continue
-        if _LIST_ITEM.match(line):
+        if _LIST_ITEM.match(line) and (not prose_open or blocks[-1].kind == "item" or _can_interrupt(line)):
             blocks.append(_Block(span[0], span[1], "item"))
         elif prose_open:
             blocks[-1].end = span[1]
@@ -257,11 +278,14 @@ def _blocks(text: str) -> list[_Block]:
 
 def _sentencex_cuts(block: str, language: str) -> list[int] | None:
     """Sentence start offsets (but 0) inside ``block`` from sentencex; None if it failed or disagreed."""
+    block = block.translate(_SENTENCEX_SPACES)
     try:
         import sentencex
 
         boundaries: Any = sentencex.get_sentence_boundaries(language, block)
-    except Exception as exc:  # any failure of the native splitter falls back to one segment
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # a Rust panic (pyo3 PanicException) is a BaseException
         logger.warning(
             "sentencex failed on a %d-character block (%s); kept it as one segment", len(block), exc
         )

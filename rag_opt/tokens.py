@@ -194,6 +194,12 @@ def _load_hf_counter(target: str) -> HFTokenCounter:
     ref = target[len(HF_PREFIX) :].strip()
     if not ref:
         raise ValueError(f"empty Hugging Face tokenizer name in {target!r}; use 'hf:<repo id or local dir>'")
+    if ref.startswith(("/", ".", "~")) or os.path.isabs(ref):
+        ref = os.path.expanduser(ref)
+        if not os.path.isdir(ref):
+            raise ValueError(
+                f"could not load the Hugging Face tokenizer {ref!r} (target {target!r}): no such directory"
+            )
     try:
         from transformers import AutoTokenizer
 
@@ -310,6 +316,7 @@ def _seed_tiktoken_cache(name: str, cache_dir: str) -> str:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; other users of a shared cache must be able to read it
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+
+from rag_opt.attention import TEMPLATE_ID, AttentionFeatures
 from rag_opt.datasets import HotpotExample, read_hotpotqa
 from rag_opt.feature_cache import FeatureCache, fill_cache
+from rag_opt.features import FeatureLayout
+from rag_opt.probe import Probe, train_logistic
 
 logger = logging.getLogger(__name__)
 
@@ -53,3 +59,109 @@ def extract_hotpot(
         desc=f"features {Path(path).name}",
     )
     return cache
+
+
+def unit_labels(ex: HotpotExample) -> list[list[bool]]:
+    """Per paragraph, per sentence: supporting fact or contains the (non yes/no) answer."""
+    from rag_opt.datasets import contains_answer
+
+    labels = []
+    for p, sents in enumerate(ex.sentences):
+        labels.append(
+            [
+                (p, k) in ex.supporting or (not ex.yes_no and contains_answer(s, ex.answer))
+                for k, s in enumerate(sents)
+            ]
+        )
+    return labels
+
+
+def build_training_set(
+    examples: list[HotpotExample],
+    features: dict[str, AttentionFeatures],
+    layout: FeatureLayout,
+    *,
+    progress: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(X, y, group) over the sentence units of every example with cached features."""
+    from tqdm.auto import tqdm
+
+    from rag_opt.features import ContextUnits, build_features
+
+    xs, ys, gs = [], [], []
+    for g, ex in enumerate(tqdm(examples, desc="probe features", disable=not progress, mininterval=5.0)):
+        attn = features.get(ex.id)
+        if attn is None:
+            continue
+        docs = hotpot_units(ex)
+        units = ContextUnits(docs=docs, candidate=[[False] + [True] * (len(d) - 1) for d in docs])
+        X = build_features(layout, attn, ex.question, units)
+        cand = np.concatenate([np.asarray(c, dtype=bool) for c in units.candidate])
+        labels = np.concatenate([[False, *lab] for lab in unit_labels(ex)])
+        xs.append(X[cand])
+        ys.append(labels[cand])
+        gs.append(np.full(int(cand.sum()), g))
+    if not xs:
+        raise ValueError("no cached features for any training example")
+    return np.concatenate(xs), np.concatenate(ys).astype(np.float64), np.concatenate(gs)
+
+
+def fit_probe(
+    X: np.ndarray,
+    y: np.ndarray,
+    layout: FeatureLayout,
+    model_name: str,
+    *,
+    l2: float,
+    seed: int,
+    meta: dict[str, Any],
+) -> Probe:
+    mean, scale, w, b = train_logistic(X, y, l2=l2, seed=seed)
+    return Probe(model=model_name, layout=layout, mean=mean, scale=scale, weights=w, bias=b, metadata=meta)
+
+
+def train_probe_cli(
+    *,
+    data: str,
+    out: str,
+    model: str | None,
+    limit: int | None,
+    seed: int,
+    cache_root: str,
+    l2: float,
+    blocks: tuple[str, ...] | None,
+) -> Probe:
+    """Extract (or reuse cached) features, train the probe and write it as JSON."""
+    import time
+
+    from rag_opt.features import DEFAULT_BLOCKS
+    from rag_opt.proxy import load_proxy
+
+    proxy = load_proxy(model)
+    cache = extract_hotpot(data, cache_root, model=model, limit=limit, seed=seed)
+    examples = read_hotpotqa(data, limit=limit, seed=seed)
+    layout = FeatureLayout(blocks or DEFAULT_BLOCKS, proxy.num_layers, proxy.num_heads)
+    feats = cache.load(ex.id for ex in examples)
+    X, y, groups = build_training_set(examples, feats, layout)
+    t = time.perf_counter()
+    probe = fit_probe(
+        X,
+        y,
+        layout,
+        proxy.name,
+        l2=l2,
+        seed=seed,
+        meta={
+            "trained_on": f"{Path(data).name}: {len(np.unique(groups))} questions, {len(y)} sentences",
+            "positives": int(y.sum()),
+            "labels": "supporting facts + sentences containing the answer (yes/no answers mark no sentence)",
+            "seed": seed,
+            "l2": l2,
+            "template": TEMPLATE_ID,
+        },
+    )
+    logger.info(
+        "probe trained in %.1f s on %d sentences (%d positive)", time.perf_counter() - t, len(y), y.sum()
+    )
+    probe.save(out)
+    return probe

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 UnitKind = Literal["title", "sentence", "heading", "list_item", "code", "table", "json"]
 
@@ -45,6 +45,9 @@ def to_documents(documents: Sequence[DocumentLike]) -> list[Document]:
     for i, doc in enumerate(documents):
         try:
             out.append(_to_document(doc))
+        except ValidationError as exc:
+            detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ValueError(f"documents[{i}]: {detail}") from None
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"documents[{i}]: {exc}") from None
     return out
@@ -65,7 +68,8 @@ def _to_document(doc: DocumentLike) -> Document:
         doc_id = doc.get("id")
         if doc_id is not None and not isinstance(doc_id, (str, int)):
             raise TypeError(f"'id' must be a string or integer, got {type(doc_id).__name__}")
-        metadata = doc.get("metadata") or {}
+        metadata = doc.get("metadata")
+        metadata = {} if metadata is None else metadata
         if not isinstance(metadata, Mapping):
             raise TypeError(f"'metadata' must be an object, got {type(metadata).__name__}")
         score = doc.get("score")

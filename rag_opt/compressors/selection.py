@@ -55,9 +55,7 @@ def select(cands: Sequence[Candidate], opts: SelectionOptions, first_units: Sequ
         used += c
         return True
 
-    order = sorted(
-        (i for i, c in enumerate(cands) if not c.header), key=lambda i: (-cands[i].score, i)
-    )
+    order = sorted((i for i, c in enumerate(cands) if not c.header), key=lambda i: (-cands[i].score, i))
     if opts.keep_first:
         for i in first_units:
             if not kept[i]:
@@ -76,4 +74,3 @@ def select(cands: Sequence[Candidate], opts: SelectionOptions, first_units: Sequ
             break  # sorted by score: nothing later passes either
         take(i)
     return kept
-

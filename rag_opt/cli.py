@@ -1,0 +1,249 @@
+"""The ``rag-opt`` command line: optimize, models, train-probe.
+
+User errors (bad files, bad settings) exit with status 2 and one clear ``rag-opt: error: ...`` line, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("rag_opt.cli")
+
+
+class UserError(Exception):
+    """An error caused by the user's input; reported without a traceback."""
+
+
+def _ratio(value: str) -> float:
+    try:
+        r = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"ratio must be a number in (0, 1], got {value!r}") from None
+    if not 0 < r <= 1:
+        raise argparse.ArgumentTypeError(f"ratio must be in (0, 1], got {value}")
+    return r
+
+
+def _nonneg_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return n
+
+
+def read_documents(path: str) -> list[dict[str, Any]]:
+    """Read documents from JSONL (one JSON object or string per line); ``-`` reads standard input."""
+    if path == "-":
+        lines = sys.stdin.read().splitlines()
+        name = "<stdin>"
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"input file not found: {path}")
+        try:
+            lines = p.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{path} is not UTF-8 text: {exc}") from None
+        name = path
+    docs: list[dict[str, Any]] = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{name}, line {n}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+        if isinstance(rec, str):
+            rec = {"text": rec}
+        if not isinstance(rec, dict):
+            raise UserError(f"{name}, line {n}: expected a JSON object with a 'text' field or a string")
+        if not isinstance(rec.get("text", rec.get("page_content")), str):
+            raise UserError(f"{name}, line {n}: missing string field 'text'")
+        docs.append(rec)
+    if not docs:
+        raise UserError(f"{name} holds no documents")
+    return docs
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", help="proxy model: Hugging Face id, local folder or .gguf (default: embedded SmolLM2)"
+    )
+    p.add_argument("--device", help="cuda, cpu, ... (default: cuda when available)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="proxy model dtype")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rag-opt",
+        description="Optimize retrieved context for an LLM: compress sentences, reorder documents.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("optimize", help="compress and reorder documents for a query")
+    p.add_argument("--query", "-q", required=True, help="the question")
+    p.add_argument(
+        "--input",
+        "-i",
+        required=True,
+        help="documents as JSONL ({'text','id'?,'metadata'?,'title'?}); - for stdin",
+    )
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--ratio", type=_ratio, help="fraction of target-LLM tokens to keep, in (0, 1]")
+    g.add_argument("--target-tokens", type=_nonneg_int, help="token budget in the target LLM's tokens")
+    g.add_argument("--threshold", type=float, help="keep sentences whose relevance probability is >= this")
+    p.add_argument(
+        "--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>"
+    )
+    p.add_argument("--ordering", default="input", choices=["input", "lost_in_the_middle", "relevance"])
+    p.add_argument(
+        "--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)"
+    )
+    p.add_argument(
+        "--keep-best-per-doc", action="store_true", help="keep at least the best sentence of each document"
+    )
+    p.add_argument("--keep-first", action="store_true", help="always keep each document's first sentence")
+    p.add_argument("--json", action="store_true", help="print the full result as JSON")
+    _add_model_args(p)
+
+    p = sub.add_parser("models", help="show which proxy model would load, from where")
+    p.add_argument("--model", help="model to resolve (default: the embedded default)")
+
+    p = sub.add_parser("train-probe", help="train the sentence-relevance probe on HotpotQA")
+    p.add_argument(
+        "--data",
+        default=None,
+        help="HotpotQA train JSONL(.gz) (default ../shared/data/hotpotqa/train.jsonl.gz)",
+    )
+    p.add_argument("--out", required=True, help="where to write the probe JSON")
+    p.add_argument("--limit", type=_nonneg_int, help="use the first N questions (after shuffling)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache", default=None, help="feature cache folder (default: <rag-opt cache>/features)")
+    p.add_argument("--l2", type=float, default=1e-3, help="L2 regularisation strength")
+    p.add_argument("--blocks", default=None, help="comma-separated feature blocks (default: all)")
+    _add_model_args(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        if args.command == "optimize":
+            return _cmd_optimize(args)
+        if args.command == "models":
+            return _cmd_models(args)
+        if args.command == "train-probe":
+            return _cmd_train_probe(args)
+    except UserError as exc:
+        print(f"rag-opt: error: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"rag-opt: error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # e.g. ModelNotFoundError
+        print(f"rag-opt: error: {exc}", file=sys.stderr)
+        return 1
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+def _cmd_optimize(args: argparse.Namespace) -> int:
+    from rag_opt.pipeline import ContextOptimizer
+
+    if not args.query.strip():
+        raise UserError("--query is empty")
+    if args.threshold is not None and not 0 <= args.threshold <= 1:
+        raise UserError(f"--threshold must be in [0, 1], got {args.threshold}")
+    docs = read_documents(args.input)
+    opt = ContextOptimizer(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        target=args.target,
+        ordering=args.ordering,
+        probe=None if args.probe == "none" else args.probe,
+        keep_best_per_doc=args.keep_best_per_doc,
+        keep_first=args.keep_first,
+    )
+    result = opt.optimize(
+        args.query, docs, ratio=args.ratio, target_tokens=args.target_tokens, threshold=args.threshold
+    )
+    if args.json:
+        print(result.to_json())
+        return 0
+    print(result.context())
+    saved = result.tokens_saved
+    pct = 100.0 * saved / result.tokens_before if result.tokens_before else 0.0
+    print(
+        f"\n--- rag-opt: {result.tokens_before} → {result.tokens_after} tokens ({result.target_tokenizer}), "
+        f"saved {saved} ({pct:.0f}%); {len(result.documents)} of {len(docs)} documents kept; "
+        f"scorer: {result.scorer}; {result.timings.total_ms:.0f} ms",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _cmd_models(args: argparse.Namespace) -> int:
+    from rag_opt.probe import shipped_probe
+    from rag_opt.proxy import EMBEDDED_MODELS, ModelNotFoundError, cache_dir, resolve_source
+
+    try:
+        src = resolve_source(args.model)
+    except ModelNotFoundError as exc:
+        print(f"proxy model: NOT AVAILABLE\n  {exc}")
+        return 1
+    print(f"proxy model: {src.name}")
+    print(f"  what:      {src.description}")
+    print(f"  from:      {src.location}")
+    print(f"  cache:     {cache_dir()}")
+    probe = shipped_probe(src.name)
+    probe_desc = f"shipped ({probe.metadata.get('trained_on', '')})" if probe else "none (raw attention)"
+    print(f"  probe:     {probe_desc}")
+    print("embedded models:")
+    for name, emb in EMBEDDED_MODELS.items():
+        status = "installed" if emb.locate() else f"not installed ({emb.install})"
+        print(f"  embedded:{name:<16} {emb.display_name}: {status}")
+    return 0
+
+
+def _cmd_train_probe(args: argparse.Namespace) -> int:
+    from rag_opt.datasets import data_dir
+    from rag_opt.proxy import cache_dir
+    from rag_opt.train import train_probe_cli
+
+    data = args.data or str(data_dir() / "hotpotqa" / "train.jsonl.gz")
+    if not Path(data).is_file():
+        raise UserError(f"training data not found: {data}")
+    blocks = tuple(b.strip() for b in args.blocks.split(",")) if args.blocks else None
+    train_probe_cli(
+        data=data,
+        out=args.out,
+        model=args.model,
+        limit=args.limit,
+        seed=args.seed,
+        cache_root=args.cache or str(cache_dir() / "features"),
+        l2=args.l2,
+        blocks=blocks,
+    )
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rag_opt.cli import main
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_help_via_console_entry_point():
+    out = subprocess.run([sys.executable, "-m", "rag_opt.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    assert "optimize" in out.stdout and "models" in out.stdout
+
+
+def test_missing_file(capsys, tmp_path):
+    code, _, err = run(capsys, "optimize", "-q", "who?", "-i", str(tmp_path / "nope.jsonl"))
+    assert code == 2
+    assert "input file not found" in err and "Traceback" not in err
+
+
+def test_bad_json_line_number(capsys, tmp_path):
+    f = tmp_path / "docs.jsonl"
+    f.write_text('{"text": "fine"}\n\n{"text": broken}\n')
+    code, _, err = run(capsys, "optimize", "-q", "who?", "-i", str(f))
+    assert code == 2 and "line 3: invalid JSON" in err
+
+
+def test_line_without_text(capsys, tmp_path):
+    f = tmp_path / "docs.jsonl"
+    f.write_text('{"id": "a"}\n')
+    code, _, err = run(capsys, "optimize", "-q", "who?", "-i", str(f))
+    assert code == 2 and "line 1: missing string field 'text'" in err
+
+
+def test_empty_query(capsys, tmp_path):
+    f = tmp_path / "docs.jsonl"
+    f.write_text('{"text": "fine"}\n')
+    code, _, err = run(capsys, "optimize", "-q", "  ", "-i", str(f))
+    assert code == 2 and "--query is empty" in err
+
+
+@pytest.mark.parametrize("ratio", ["0", "1.5", "-0.2", "abc"])
+def test_ratio_out_of_range(capsys, ratio):
+    with pytest.raises(SystemExit) as exc:
+        main(["optimize", "-q", "who?", "-i", "x.jsonl", "--ratio", ratio])
+    assert exc.value.code == 2
+    assert "ratio must be" in capsys.readouterr().err
+
+
+def test_ratio_and_target_tokens_together(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["optimize", "-q", "who?", "-i", "x.jsonl", "--ratio", "0.5", "--target-tokens", "100"])
+    assert exc.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_models_reports_the_embedded_model(capsys):
+    code, out, _ = run(capsys, "models")
+    assert code == 0
+    assert "embedded:smollm2-135m" in out and "SmolLM2-135M-Instruct" in out and ".gguf" in out
+
+
+@pytest.mark.model
+def test_optimize_prints_context_and_savings(capsys):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "examples"
+    question = (root / "hotpotqa_question.txt").read_text().strip()
+    code, out, err = run(
+        capsys, "optimize", "-q", question, "-i", str(root / "hotpotqa_docs.jsonl"), "--ratio", "0.33"
+    )
+    assert code == 0
+    assert "saved" in err and "tokens" in err
+    assert out.strip()
+    code, out, _ = run(
+        capsys,
+        "optimize",
+        "-q",
+        question,
+        "-i",
+        str(root / "hotpotqa_docs.jsonl"),
+        "--ratio",
+        "0.33",
+        "--json",
+    )
+    data = json.loads(out)
+    assert data["tokens_after"] <= data["token_budget"] < data["tokens_before"]

@@ -1,0 +1,90 @@
+"""optimize() end to end on real HotpotQA dev questions with the real embedded proxy model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import rag_opt
+from rag_opt.tokens import get_token_counter
+from tests.conftest import hotpot_dev, hotpot_docs
+
+
+def test_public_api_is_lazy():
+    import subprocess
+    import sys
+
+    code = "import sys, rag_opt; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_no_compression_keeps_everything_without_loading_a_model():
+    docs = [{"text": "Alpha is first. Beta is second.", "metadata": {"m": 1}}, "Gamma is third."]
+    r = rag_opt.optimize("What is second?", docs)
+    assert r.scorer == "none" and r.proxy_model is None
+    assert [d.text for d in r.documents] == ["Alpha is first. Beta is second.", "Gamma is third."]
+    assert [d.id for d in r.documents] == ["0", "1"]
+    assert r.documents[0].metadata == {"m": 1}
+    assert r.tokens_before == r.tokens_after > 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"ratio": 0.5, "target_tokens": 10}, "at most one of"),
+        ({"ratio": 0.0}, r"ratio must be in \(0, 1\]"),
+        ({"ratio": 1.2}, r"ratio must be in \(0, 1\]"),
+        ({"target_tokens": -1}, "target_tokens must be >= 0"),
+        ({"threshold": 2.0}, "threshold must be a probability"),
+        ({"ordering": "sideways"}, "unknown ordering"),
+    ],
+)
+def test_bad_settings(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        rag_opt.optimize("q?", ["text."], **kwargs)
+
+
+def test_empty_query():
+    with pytest.raises(ValueError, match="query is empty"):
+        rag_opt.optimize("   ", ["text."], ratio=0.5)
+
+
+@pytest.mark.model
+def test_optimize_real_hotpotqa_question():
+    ex = hotpot_dev(3)[2]
+    docs = hotpot_docs(ex)
+    r = rag_opt.optimize(ex["question"], docs, ratio=1 / 3)
+    counter = get_token_counter()
+    assert r.scorer in ("probe", "raw-attention") and r.proxy_model == "embedded:smollm2-135m"
+    assert r.token_budget is not None and r.tokens_after <= r.token_budget
+    assert r.tokens_after >= 0.8 * r.token_budget  # the budget is filled, not just respected
+    assert r.tokens_before == sum(counter.count(f"{d['title']}\n") + counter.count(d["text"]) for d in docs)
+    # documents keep their input order (default ordering) and their ids/metadata
+    by_id = {d["id"]: d for d in docs}
+    assert [d.index for d in r.documents] == sorted(d.index for d in r.documents)
+    for out in r.documents:
+        src = by_id[out.id]
+        assert out.metadata == src["metadata"]
+        assert out.text == "".join(src["text"][s:e] for s, e in out.kept_spans)  # verbatim, in order
+        assert out.tokens_after == counter.count(f"{out.title}\n") + counter.count(out.text)
+        assert any(u.kept for u in out.units) and all(u.score is not None for u in out.units)
+    assert {d.id for d in r.documents} | {d.id for d in r.dropped} == set(by_id)
+    assert sum(d.tokens_after for d in r.documents) == r.tokens_after
+    assert r.timings.score_ms > 0 and r.timings.total_ms >= r.timings.score_ms
+    json.loads(r.to_json())
+
+
+@pytest.mark.model
+def test_target_tokens_budget_and_orderings():
+    ex = hotpot_dev(4)[3]
+    opt = rag_opt.ContextOptimizer()
+    for budget in (0, 40, 150):
+        r = opt.optimize(ex["question"], hotpot_docs(ex), target_tokens=budget)
+        assert r.tokens_after <= budget
+    r = opt.optimize(ex["question"], hotpot_docs(ex), target_tokens=300, ordering="relevance")
+    scores = [d.score for d in r.documents]
+    assert scores == sorted(scores, reverse=True)
+    r = opt.optimize(ex["question"], hotpot_docs(ex), target_tokens=300, ordering="lost_in_the_middle")
+    scores = [d.score for d in r.documents]
+    assert max(scores) == scores[0]
