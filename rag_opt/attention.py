@@ -138,9 +138,7 @@ def _rows_attention(
     return out
 
 
-def _record(
-    capture: _Capture, module: Any, query: torch.Tensor, key: torch.Tensor, scaling: float | None
-) -> None:
+def _record(capture: _Capture, module: Any, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
     import torch
 
     n_heads = query.shape[1]
@@ -179,9 +177,7 @@ def register_attention() -> None:
 # Extraction
 
 
-def _token_units(
-    offsets: list[tuple[int, int]], layout: PromptLayout
-) -> tuple[list[int], list[int], list[int]]:
+def _token_units(offsets: list[tuple[int, int]], layout: PromptLayout) -> tuple[list[int], list[int], list[int]]:
     """Assign prompt tokens to units (by each token's last character) and find the question's tokens."""
     starts = [s for s, _ in layout.unit_spans]
     ctx_pos: list[int] = []
@@ -202,9 +198,7 @@ def _token_units(
     return ctx_pos, unit_of, q_rows
 
 
-def _run_window(
-    proxy: ProxyModel, docs: Sequence[Sequence[str]], question: str
-) -> tuple[np.ndarray, np.ndarray, int]:
+def _run_window(proxy: ProxyModel, docs: Sequence[Sequence[str]], question: str) -> tuple[np.ndarray, np.ndarray, int]:
     """One forward pass. Returns (unit sums (U, V, L, H), unit token counts (U,), context tokens)."""
     import torch
 
@@ -313,9 +307,7 @@ def _plan_windows(
                     used = 0
                     continue
                 b, size = a + 1, 2 + lengths[a]  # a single unit larger than a window: give it its own
-                logger.warning(
-                    "a unit of %d proxy tokens exceeds the window of %d tokens", lengths[a], budget
-                )
+                logger.warning("a unit of %d proxy tokens exceeds the window of %d tokens", lengths[a], budget)
             windows[-1].append((d, a, b))
             used += size
             a = b

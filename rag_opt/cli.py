@@ -76,9 +76,7 @@ def read_documents(path: str) -> list[dict[str, Any]]:
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model", help="proxy model: Hugging Face id, local folder or .gguf (default: embedded SmolLM2)"
-    )
+    p.add_argument("--model", help="proxy model: Hugging Face id, local folder or .gguf (default: embedded SmolLM2)")
     p.add_argument("--device", help="cuda, cpu, ... (default: cuda when available)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="proxy model dtype")
 
@@ -103,16 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ratio", type=_ratio, help="fraction of target-LLM tokens to keep, in (0, 1]")
     g.add_argument("--target-tokens", type=_nonneg_int, help="token budget in the target LLM's tokens")
     g.add_argument("--threshold", type=float, help="keep sentences whose relevance probability is >= this")
-    p.add_argument(
-        "--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>"
-    )
+    p.add_argument("--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>")
     p.add_argument("--ordering", default="input", choices=["input", "lost_in_the_middle", "relevance"])
-    p.add_argument(
-        "--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)"
-    )
-    p.add_argument(
-        "--keep-best-per-doc", action="store_true", help="keep at least the best sentence of each document"
-    )
+    p.add_argument("--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
+    p.add_argument("--keep-best-per-doc", action="store_true", help="keep at least the best sentence of each document")
     p.add_argument("--keep-first", action="store_true", help="always keep each document's first sentence")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     _add_model_args(p)

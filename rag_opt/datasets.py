@@ -47,9 +47,7 @@ class HotpotExample:
         return "".join(self.sentences[p])
 
 
-def read_hotpotqa(
-    path: str | Path, *, limit: int | None = None, seed: int | None = None
-) -> list[HotpotExample]:
+def read_hotpotqa(path: str | Path, *, limit: int | None = None, seed: int | None = None) -> list[HotpotExample]:
     """Read a HotpotQA JSONL(.gz) file. With ``seed``, the examples are shuffled deterministically first."""
     out: list[HotpotExample] = []
     with _open(path) as fh:
@@ -66,9 +64,7 @@ def read_hotpotqa(
                 if t in index and int(k) < len(sentences[index[t]])
             }
             out.append(
-                HotpotExample(
-                    rec["_id"], rec["question"], rec["answer"], rec.get("type", ""), titles, sentences, sup
-                )
+                HotpotExample(rec["_id"], rec["question"], rec["answer"], rec.get("type", ""), titles, sentences, sup)
             )
     if seed is not None:
         random.Random(seed).shuffle(out)

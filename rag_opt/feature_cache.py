@@ -108,9 +108,7 @@ def fill_cache(
 
     done = cache.ids()
     todo = [ex for ex in examples if ex[0] not in done]
-    logger.info(
-        "%d of %d examples already cached in %s", len(examples) - len(todo), len(examples), cache.root
-    )
+    logger.info("%d of %d examples already cached in %s", len(examples) - len(todo), len(examples), cache.root)
     pending: list[CachedExample] = []
     for ex_id, docs, question in tqdm(todo, desc=desc, disable=not progress, mininterval=5.0):
         pending.append(CachedExample(ex_id, compute(docs, question)))

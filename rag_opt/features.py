@@ -105,9 +105,7 @@ def lexical_features(question: str, units: ContextUnits, unit_tokens: np.ndarray
     return out.astype(np.float32)
 
 
-def build_features(
-    layout: FeatureLayout, attn: AttentionFeatures, question: str, units: ContextUnits
-) -> np.ndarray:
+def build_features(layout: FeatureLayout, attn: AttentionFeatures, question: str, units: ContextUnits) -> np.ndarray:
     """Feature matrix (n_units, layout.size) for every unit of the context (candidates and others)."""
     if (attn.num_layers, attn.num_heads) != (layout.num_layers, layout.num_heads):
         raise ValueError(

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from rag_opt.compressors.base import Scorer
 from rag_opt.compressors.selection import Candidate, SelectionOptions, select
 from rag_opt.features import ContextUnits
 from rag_opt.orderers.lost_in_the_middle import end_placement
@@ -54,14 +55,10 @@ def _title_of(doc: Document) -> str | None:
 def check_budget_args(ratio: float | None, target_tokens: int | None, threshold: float | None) -> None:
     """Validate the compression settings (at most one of ratio / target_tokens / threshold)."""
     given = [
-        n
-        for n, v in (("ratio", ratio), ("target_tokens", target_tokens), ("threshold", threshold))
-        if v is not None
+        n for n, v in (("ratio", ratio), ("target_tokens", target_tokens), ("threshold", threshold)) if v is not None
     ]
     if len(given) > 1:
-        raise ValueError(
-            f"give at most one of ratio, target_tokens and threshold (got {' and '.join(given)})"
-        )
+        raise ValueError(f"give at most one of ratio, target_tokens and threshold (got {' and '.join(given)})")
     if ratio is not None:
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio):
             raise ValueError(f"ratio must be a number in (0, 1], got {ratio!r}")
@@ -92,6 +89,8 @@ class ContextOptimizer:
         device / dtype: where and how the proxy runs (default cuda when available, float32 on CPU).
         max_window_tokens: proxy tokens per forward pass; longer contexts are processed in windows.
         trust_remote_code: passed to transformers for hub models (off by default).
+        language: language code for sentence segmentation.
+        scorer: score units with this instead of the Sentinel probe (e.g. ``rag_opt.compressors.BM25Scorer()``).
     """
 
     def __init__(
@@ -111,6 +110,7 @@ class ContextOptimizer:
         max_window_tokens: int = 2048,
         trust_remote_code: bool = False,
         language: str = "en",
+        scorer: Scorer | None = None,
     ) -> None:
         check_budget_args(ratio, target_tokens, threshold)
         if ordering not in ORDERINGS:
@@ -131,7 +131,7 @@ class ContextOptimizer:
         self.max_window_tokens = max_window_tokens
         self.trust_remote_code = trust_remote_code
         self.language = language
-        self._scorer: Any = None
+        self._scorer: Scorer | None = scorer
         self._lock = threading.Lock()
 
     # -- lazily loaded pieces -----------------------------------------------------------------------------
@@ -139,17 +139,20 @@ class ContextOptimizer:
     def counter(self) -> TokenCounter:
         return get_token_counter(self.target)
 
-    def scorer(self) -> Any:
-        """The attention scorer (loads the proxy model on first use; shared per process)."""
+    def scorer(self) -> Scorer:
+        """The scorer: the one given, else the Sentinel attention probe (loads the proxy model on first use)."""
         with self._lock:
             if self._scorer is None:
-                from rag_opt.proxy import load_proxy
-                from rag_opt.scoring import AttentionScorer
+                from rag_opt.compressors.sentinel import SentinelCompressor
 
-                proxy = load_proxy(
-                    self.model, device=self.device, dtype=self.dtype, trust_remote_code=self.trust_remote_code
+                self._scorer = SentinelCompressor.from_model(
+                    self.model,
+                    probe=self.probe,
+                    device=self.device,
+                    dtype=self.dtype,
+                    max_tokens=self.max_window_tokens,
+                    trust_remote_code=self.trust_remote_code,
                 )
-                self._scorer = AttentionScorer(proxy, self.probe, max_tokens=self.max_window_tokens)
             return self._scorer
 
     # -- the pipeline -------------------------------------------------------------------------------------
@@ -199,22 +202,17 @@ class ContextOptimizer:
         method = "none"
         proxy_name = None
         scorable = [i for i, u in enumerate(units) if u.spans]
-        if (
-            compress
-            and any(len(units[i].spans) for i in scorable)
-            and (budget is None or budget < tokens_before)
-        ):
+        if compress and any(len(units[i].spans) for i in scorable) and (budget is None or budget < tokens_before):
             scorer = self.scorer()  # loading the model is not part of the score stage's timing
             t = time.perf_counter()
             ctx = ContextUnits(
                 docs=[units[i].unit_texts for i in scorable],
                 candidate=[
-                    ([False] if units[i].title else []) + [k != "heading" for k in units[i].kinds]
-                    for i in scorable
+                    ([False] if units[i].title else []) + [k != "heading" for k in units[i].kinds] for i in scorable
                 ],
             )
             sc = scorer.score(query, ctx)
-            method, proxy_name = sc.method, scorer.proxy.name
+            method, proxy_name = sc.method, sc.model
             pos = 0
             for j, i in enumerate(scorable):
                 off = 1 if units[i].title else 0
@@ -233,9 +231,7 @@ class ContextOptimizer:
         kept = self._select(units, scores, budget, threshold, compress and method != "none", counter)
         timings.select_ms = (time.perf_counter() - t) * 1e3
 
-        out_docs = [
-            self._output(i, u, scores[i], kept[i], doc_scores[i], counter) for i, u in enumerate(units)
-        ]
+        out_docs = [self._output(i, u, scores[i], kept[i], doc_scores[i], counter) for i, u in enumerate(units)]
         keep_doc = [any(k) or (not u.spans and not compress) for u, k in zip(units, kept, strict=True)]
         if not compress:
             keep_doc = [True] * len(units)
@@ -320,9 +316,7 @@ class ContextOptimizer:
                         first_units.append(len(cands))
                         first_seen = True
                     cands.append(
-                        Candidate(
-                            doc=d, tokens=u.tokens[k], score=float(s if s is not None else 0.0), needs=needs
-                        )
+                        Candidate(doc=d, tokens=u.tokens[k], score=float(s if s is not None else 0.0), needs=needs)
                     )
                 where.append((d, k))
         opts = SelectionOptions(
@@ -357,9 +351,7 @@ class ContextOptimizer:
         return self._kept_per_doc(units, kept_c, where)
 
     @staticmethod
-    def _kept_per_doc(
-        units: list[_DocUnits], kept_c: list[bool], where: list[tuple[int, int]]
-    ) -> list[list[bool]]:
+    def _kept_per_doc(units: list[_DocUnits], kept_c: list[bool], where: list[tuple[int, int]]) -> list[list[bool]]:
         kept = [[False] * len(u.spans) for u in units]
         has_sentence = [False] * len(units)
         for flag, (d, k) in zip(kept_c, where, strict=True):

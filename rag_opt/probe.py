@@ -52,9 +52,7 @@ class Probe:
 
     def decision(self, features: np.ndarray) -> np.ndarray:
         if features.ndim != 2 or features.shape[1] != self.layout.size:
-            raise ProbeMismatchError(
-                f"features have shape {features.shape}, the probe expects (n, {self.layout.size})"
-            )
+            raise ProbeMismatchError(f"features have shape {features.shape}, the probe expects (n, {self.layout.size})")
         return ((features - self.mean) / self.scale) @ self.weights + self.bias
 
     def predict_proba(self, features: np.ndarray) -> np.ndarray:

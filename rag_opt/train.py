@@ -68,10 +68,7 @@ def unit_labels(ex: HotpotExample) -> list[list[bool]]:
     labels = []
     for p, sents in enumerate(ex.sentences):
         labels.append(
-            [
-                (p, k) in ex.supporting or (not ex.yes_no and contains_answer(s, ex.answer))
-                for k, s in enumerate(sents)
-            ]
+            [(p, k) in ex.supporting or (not ex.yes_no and contains_answer(s, ex.answer)) for k, s in enumerate(sents)]
         )
     return labels
 
@@ -160,8 +157,6 @@ def train_probe_cli(
             "template": TEMPLATE_ID,
         },
     )
-    logger.info(
-        "probe trained in %.1f s on %d sentences (%d positive)", time.perf_counter() - t, len(y), y.sum()
-    )
+    logger.info("probe trained in %.1f s on %d sentences (%d positive)", time.perf_counter() - t, len(y), y.sum())
     probe.save(out)
     return probe

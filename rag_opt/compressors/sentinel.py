@@ -1,4 +1,4 @@
-"""The *score* stage: one proxy forward pass → unit relevance (probe) and document relevance.
+"""Sentinel-style scoring: one proxy forward pass → unit relevance (probe) and document relevance.
 
 With a probe for the proxy model (shipped for the embedded default, or passed explicitly), unit scores are
 the probe's probabilities. Without one, rag-opt falls back to raw attention — the mean over layers and heads
@@ -9,12 +9,12 @@ of the question tokens' attention to the unit, relative to uniform — and says 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rag_opt.attention import AttentionFeatures, extract
+from rag_opt.attention import extract
+from rag_opt.compressors.base import Scores, doc_scores_from_units
 from rag_opt.features import ContextUnits, build_features
 from rag_opt.probe import Probe, shipped_probe
 
@@ -24,20 +24,15 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class Scores:
-    unit: np.ndarray  # (n_units,) over all units of the context, in prompt order
-    doc: np.ndarray  # (n_docs,)
-    method: str  # "probe" | "raw-attention"
-    attention: AttentionFeatures
+class SentinelCompressor:
+    """Scores the units of a context with the proxy model's attention and (when available) a probe.
 
+    The default scorer of :class:`rag_opt.ContextOptimizer`; selection under the budget is shared by all
+    scorers (:mod:`rag_opt.compressors.selection`). Build it from a loaded proxy (:func:`rag_opt.proxy.load_proxy`)
+    or with :meth:`from_model`.
+    """
 
-class AttentionScorer:
-    """Scores the units of a context with the proxy model's attention and (when available) a probe."""
-
-    def __init__(
-        self, proxy: ProxyModel, probe: Probe | None | str = "auto", *, max_tokens: int = 2048
-    ) -> None:
+    def __init__(self, proxy: ProxyModel, probe: Probe | None | str = "auto", *, max_tokens: int = 2048) -> None:
         self.proxy = proxy
         self.max_tokens = max_tokens
         if probe == "auto":
@@ -54,9 +49,29 @@ class AttentionScorer:
             probe.check_compatible(proxy.name, proxy.num_layers, proxy.num_heads)
         self.probe: Probe | None = probe
 
+    @classmethod
+    def from_model(
+        cls,
+        model: str | None = None,
+        *,
+        probe: Probe | None | str = "auto",
+        device: str | None = None,
+        dtype: str | None = None,
+        max_tokens: int = 2048,
+        trust_remote_code: bool = False,
+    ) -> SentinelCompressor:
+        from rag_opt.proxy import load_proxy
+
+        proxy = load_proxy(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        return cls(proxy, probe, max_tokens=max_tokens)
+
     @property
     def method(self) -> str:
         return "probe" if self.probe is not None else "raw-attention"
+
+    @property
+    def model_name(self) -> str:
+        return self.proxy.name
 
     def score(self, question: str, units: ContextUnits) -> Scores:
         attn = extract(self.proxy, units.docs, question, max_tokens=self.max_tokens)
@@ -65,12 +80,7 @@ class AttentionScorer:
             unit_scores = self.probe.predict_proba(feats)
         else:
             unit_scores = attn.unit[:, 1].mean(axis=(1, 2)).astype(np.float64)
-        doc_of = units.doc_of_unit
-        cand = np.concatenate([np.asarray(c, dtype=bool) for c in units.candidate] or [np.zeros(0, bool)])
-        doc = np.full(len(units.docs), -np.inf)
-        for i in np.flatnonzero(cand):
-            doc[doc_of[i]] = max(doc[doc_of[i]], unit_scores[i])
-        doc[~np.isfinite(doc)] = 0.0
+        unit = np.asarray(unit_scores, dtype=np.float64)
         return Scores(
-            unit=np.asarray(unit_scores, dtype=np.float64), doc=doc, method=self.method, attention=attn
+            unit=unit, doc=doc_scores_from_units(unit, units), method=self.method, model=self.proxy.name, attention=attn
         )
