@@ -7,12 +7,25 @@ scored themselves (the units of one context), so IDF reflects what is distinctiv
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 
-def _tokens(texts: Sequence[str]) -> list[list[str]]:
+def _bm25s() -> Any:
+    import logging
+
     import bm25s
+
+    # bm25s sets its own logger to DEBUG on import, which floods applications' logs: restore the default.
+    lib_logger = logging.getLogger("bm25s")
+    if lib_logger.level == logging.DEBUG:
+        lib_logger.setLevel(logging.NOTSET)
+    return bm25s
+
+
+def _tokens(texts: Sequence[str]) -> list[list[str]]:
+    bm25s = _bm25s()
 
     out = bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)
     return [list(t) for t in out]
@@ -20,7 +33,7 @@ def _tokens(texts: Sequence[str]) -> list[list[str]]:
 
 def bm25_scores(question: str, texts: Sequence[str]) -> np.ndarray:
     """BM25 score of each text for the question (0 for texts sharing no term with it)."""
-    import bm25s
+    bm25s = _bm25s()
 
     if not texts:
         return np.zeros(0, dtype=np.float32)

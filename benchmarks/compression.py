@@ -1,0 +1,296 @@
+"""Compression quality and latency on real data: rag-opt's probe vs raw attention, BM25, embeddings, lead, random
+(and LongLLMLingua on a subset, see ``--llmlingua``).
+
+Every sentence-selection method runs through the same library pipeline (``ContextOptimizer(scorer=...)``):
+same segmentation, same target-token budget (o200k_base), same selection rule, titles counted in the budget.
+
+    python benchmarks/compression.py --hotpot 200 --squad 200          # → benchmarks/results/compression.{json,png}
+
+Metrics (HotpotQA dev): supporting-fact recall (share of supporting sentences fully kept), all-facts-kept (every
+supporting sentence of the question kept), answer retention (the answer string in the kept text; yes/no answers
+excluded), achieved ratio (mean and max; never above the target). SQuAD 2.0 dev (answerable questions, the
+question's paragraph among 4 other paragraphs of its article): answer-sentence kept and answer retention.
+Latency: median optimize time per question (model loaded, HotpotQA, first ratio) and its ratio to a bare forward
+pass of the proxy over the same prompt, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import statistics
+import time
+from fractions import Fraction
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rag_opt.compressors.base import Scores
+from rag_opt.datasets import contains_answer, data_dir, iter_squad, read_hotpotqa
+from rag_opt.features import ContextUnits
+from rag_opt.pipeline import ContextOptimizer
+from rag_opt.types import OptimizeResult
+
+logger = logging.getLogger("bench.compression")
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+class MemoScorer:
+    """Scores each context once; later ratios reuse the scores (selection is deterministic given scores)."""
+
+    def __init__(self, inner: Any, transform: Callable[[Scores], Scores] | None = None) -> None:
+        self.inner = inner
+        self.transform = transform
+        self.cache: dict[Any, Scores] = {}
+        self.last_ms = 0.0
+
+    def score(self, question: str, units: ContextUnits) -> Scores:
+        key = (question, tuple(tuple(d) for d in units.docs))
+        if key not in self.cache:
+            t = time.perf_counter()
+            self.cache[key] = self.inner.score(question, units)
+            self.last_ms = (time.perf_counter() - t) * 1e3
+        s = self.cache[key]
+        return self.transform(s) if self.transform else s
+
+
+def raw_attention(s: Scores) -> Scores:
+    assert s.attention is not None
+    unit = s.attention.unit[:, 1].mean(axis=(1, 2)).astype(np.float64)
+    return Scores(unit=unit, doc=s.doc, method="raw-attention", model=s.model, attention=s.attention)
+
+
+def _covered(spans: list[tuple[int, int]], a: int, b: int) -> bool:
+    return any(s <= a and b <= e for s, e in spans)
+
+
+def hotpot_metrics(ex: Any, result: OptimizeResult) -> dict[str, float | None]:
+    by_id = {d.id: d for d in result.documents}
+    hits = []
+    for p, s in sorted(ex.supporting):
+        text = ex.paragraph_text(p)
+        a = sum(len(x) for x in ex.sentences[p][:s])
+        b = a + len(ex.sentences[p][s])
+        sent = text[a:b]
+        a2 = a + (len(sent) - len(sent.lstrip()))
+        b2 = b - (len(sent) - len(sent.rstrip()))
+        doc = by_id.get(ex.titles[p])
+        hits.append(doc is not None and (a2 >= b2 or _covered(doc.kept_spans, a2, b2)))
+    return {
+        "sf_recall": float(np.mean(hits)) if hits else None,
+        "all_facts_kept": float(all(hits)) if hits else None,
+        "answer_retention": None if ex.yes_no else float(contains_answer(result.context(), ex.answer)),
+        "ratio": result.ratio,
+    }
+
+
+def squad_examples(n: int, seed: int = 0) -> list[dict[str, Any]]:
+    path = data_dir() / "squad2" / "dev.json.gz"
+    by_title: dict[str, list[str]] = {}
+    qs = []
+    for title, ctx, qa in iter_squad(path):
+        paras = by_title.setdefault(title, [])
+        if ctx not in paras:
+            paras.append(ctx)
+        if not qa["is_impossible"]:
+            qs.append((title, ctx, qa))
+    rng = random.Random(seed)
+    rng.shuffle(qs)
+    out = []
+    for title, ctx, qa in qs[:n]:
+        others = [p for p in by_title[title] if p != ctx]
+        docs = rng.sample(others, min(4, len(others))) + [ctx]
+        rng.shuffle(docs)
+        ans = qa["answers"][0]
+        out.append(
+            {
+                "question": qa["question"],
+                "docs": [{"id": str(i), "text": t, "title": title} for i, t in enumerate(docs)],
+                "gold": str(docs.index(ctx)),
+                "answer": ans["text"],
+                "answer_start": ans["answer_start"],
+                "answers": [a["text"] for a in qa["answers"]],
+            }
+        )
+    return out
+
+
+def squad_metrics(ex: dict[str, Any], result: OptimizeResult) -> dict[str, float | None]:
+    doc = next((d for d in result.documents if d.id == ex["gold"]), None)
+    a, b = ex["answer_start"], ex["answer_start"] + len(ex["answer"])
+    sentence_kept = doc is not None and any(
+        u.kept and u.start <= a < u.end for u in doc.units
+    )  # the unit holding the answer's start is kept
+    full = doc is not None and _covered(doc.kept_spans, a, b)
+    return {
+        "answer_sentence_kept": float(sentence_kept and full),
+        "answer_retention": float(any(contains_answer(result.context(), x) for x in ex["answers"])),
+        "ratio": result.ratio,
+    }
+
+
+def bare_forward_ms(proxy: Any, units: ContextUnits, question: str) -> float:
+    import torch
+
+    from rag_opt.attention import render_prompt
+
+    ids = proxy.tokenizer(render_prompt(units.docs, question).text)["input_ids"]
+    with torch.inference_mode():
+        t = time.perf_counter()
+        proxy.model.model(input_ids=torch.tensor([ids]), use_cache=False)
+        return (time.perf_counter() - t) * 1e3
+
+
+class ContextSpy:
+    """Wraps a scorer to remember the last context it saw (to time a bare forward on exactly that prompt)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.last: tuple[str, ContextUnits] | None = None
+
+    def score(self, question: str, units: ContextUnits) -> Scores:
+        self.last = (question, units)
+        return self.inner.score(question, units)
+
+
+def summarize(rows: list[dict[str, float | None]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for key in rows[0] if rows else []:
+        vals = [r[key] for r in rows if r[key] is not None]
+        if vals:
+            out[key] = float(np.mean(vals))
+    if rows:
+        out["max_ratio"] = float(max(r["ratio"] or 0.0 for r in rows))
+    return out
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from rag_opt.compressors import BM25Scorer, EmbeddingScorer, LeadScorer, RandomScorer, SentinelCompressor
+
+    ratios = [float(Fraction(r)) for r in args.ratios.split(",")]
+    hotpot = read_hotpotqa(data_dir() / "hotpotqa" / "dev.jsonl.gz", seed=0, limit=args.hotpot)
+    squad = squad_examples(args.squad) if args.squad else []
+    sentinel = SentinelCompressor.from_model(args.model, probe=args.probe)
+    probe_memo = MemoScorer(ContextSpy(sentinel))
+    methods: dict[str, MemoScorer] = {
+        "rag-opt probe" if sentinel.probe is not None else "rag-opt (no probe: raw attention)": probe_memo,
+        "raw attention (mean over heads)": MemoScorer(probe_memo, raw_attention),
+        "BM25 (title. sentence)": MemoScorer(BM25Scorer()),
+        "embeddings (MiniLM)": MemoScorer(EmbeddingScorer()),
+        "lead": MemoScorer(LeadScorer()),
+        "random": MemoScorer(RandomScorer(seed=0)),
+    }
+    results: dict[str, Any] = {"ratios": ratios, "hotpot_questions": len(hotpot), "squad_questions": len(squad)}
+    table: dict[str, dict[str, Any]] = {}
+    latency: dict[str, list[float]] = {"rag-opt": [], "bare forward": []}
+    from tqdm.auto import tqdm
+
+    for name, scorer in methods.items():
+        opt = ContextOptimizer(scorer=scorer)
+        per_ratio: dict[str, Any] = {}
+        for r in ratios:
+            rows = []
+            for ex in tqdm(hotpot, desc=f"{name} hotpot r={r:.2f}", mininterval=10):
+                docs = [{"id": t, "title": t, "text": ex.paragraph_text(p)} for p, t in enumerate(ex.titles)]
+                t0 = time.perf_counter()
+                res = opt.optimize(ex.question, docs, ratio=r)
+                total_ms = (time.perf_counter() - t0) * 1e3
+                if scorer is probe_memo and r == ratios[0]:
+                    latency["rag-opt"].append(total_ms)
+                    spy = scorer.inner
+                    assert spy.last is not None
+                    latency["bare forward"].append(bare_forward_ms(sentinel.proxy, spy.last[1], spy.last[0]))
+                rows.append(hotpot_metrics(ex, res))
+            srows = []
+            for ex in tqdm(squad, desc=f"{name} squad r={r:.2f}", mininterval=10):
+                res = opt.optimize(ex["question"], ex["docs"], ratio=r)
+                srows.append(squad_metrics(ex, res))
+            per_ratio[f"{r:.3f}"] = {"hotpot": summarize(rows), "squad": summarize(srows) if srows else {}}
+        table[name] = per_ratio
+    results["methods"] = table
+    med_opt = statistics.median(latency["rag-opt"]) if latency["rag-opt"] else float("nan")
+    med_fwd = statistics.median(latency["bare forward"]) if latency["bare forward"] else float("nan")
+    per_q = [a / b for a, b in zip(latency["rag-opt"], latency["bare forward"], strict=True) if b > 0]
+    results["latency"] = {
+        "median_optimize_ms": med_opt,
+        "median_bare_forward_ms": med_fwd,
+        "ratio_of_medians": med_opt / med_fwd,
+        "median_per_question_ratio": statistics.median(per_q) if per_q else float("nan"),
+        "questions": len(latency["rag-opt"]),
+    }
+    return results
+
+
+def print_table(results: dict[str, Any]) -> None:
+    print(f"HotpotQA dev: {results['hotpot_questions']} questions; SQuAD 2.0 dev: {results['squad_questions']}")
+    head = f"{'method':<36} {'target':>6} {'sf_rec':>7} {'all_kept':>8} {'answer':>7} {'ratio':>6} {'max':>6}"
+    head += f" {'sq_sent':>7} {'sq_ans':>7}"
+    print(head)
+    for name, per_ratio in results["methods"].items():
+        for r, m in per_ratio.items():
+            h, s = m["hotpot"], m["squad"]
+            print(
+                f"{name:<36} {float(r):>6.3f} {h.get('sf_recall', float('nan')):>7.3f} "
+                f"{h.get('all_facts_kept', float('nan')):>8.3f} {h.get('answer_retention', float('nan')):>7.3f} "
+                f"{h.get('ratio', float('nan')):>6.3f} {h.get('max_ratio', float('nan')):>6.3f} "
+                f"{s.get('answer_sentence_kept', float('nan')):>7.3f} {s.get('answer_retention', float('nan')):>7.3f}"
+            )
+    lat = results["latency"]
+    print(
+        f"latency (HotpotQA, {lat['questions']} questions): rag-opt median {lat['median_optimize_ms']:.0f} ms, "
+        f"bare proxy forward median {lat['median_bare_forward_ms']:.0f} ms → {lat['ratio_of_medians']:.2f}× "
+        f"(per-question median {lat['median_per_question_ratio']:.2f}×)"
+    )
+    if "llmlingua" in results:
+        print("LongLLMLingua:", json.dumps(results["llmlingua"]))
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, per_ratio in results["methods"].items():
+        xs = [float(r) for r in per_ratio]
+        ys = [per_ratio[r]["hotpot"].get("sf_recall", float("nan")) for r in per_ratio]
+        ax.plot(xs, ys, marker="o", label=name)
+    if "llmlingua" in results:
+        for r, m in results["llmlingua"].get("by_ratio", {}).items():
+            ax.scatter([float(r)], [m.get("answer_retention", float("nan"))], marker="x", color="k")
+    ax.set_xlabel("target ratio (share of o200k tokens kept)")
+    ax.set_ylabel("supporting-fact recall (HotpotQA dev)")
+    ax.set_title(f"Sentence compression, {results['hotpot_questions']} HotpotQA dev questions")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hotpot", type=int, default=200, help="HotpotQA dev questions (seeded shuffle)")
+    ap.add_argument("--squad", type=int, default=200, help="SQuAD 2.0 dev answerable questions")
+    ap.add_argument("--ratios", default="1/2,1/3,1/5")
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--probe", default="auto")
+    ap.add_argument("--out", default=str(RESULTS / "compression"))
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    if not (data_dir() / "hotpotqa" / "dev.jsonl.gz").is_file():
+        raise SystemExit(f"real data not found under {data_dir()}: this benchmark needs ../shared/data")
+    results = run(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(results, indent=2))
+    plot(results, out.with_suffix(".png"))
+    print_table(results)
+
+
+if __name__ == "__main__":
+    main()

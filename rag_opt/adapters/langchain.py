@@ -1,0 +1,380 @@
+"""LangChain adapter: a document compressor and an LCEL runnable around :class:`~rag_opt.ContextOptimizer`.
+
+- :class:`RagOptCompressor` is a ``langchain_core`` ``BaseDocumentCompressor``: drop it into
+  ``ContextualCompressionRetriever`` or ``DocumentCompressorPipeline``.
+- :class:`RagOptRunnable` is an LCEL runnable taking ``{"question": ..., "documents": [...]}`` (or a plain
+  list of documents, the question then coming from ``config={"configurable": {"question": ...}}``) and
+  returning the optimized ``Document`` s.
+- :func:`format_documents` renders optimized documents into the prompt's context string.
+
+Both return LangChain ``Document`` s in rag-opt's output order, with the kept sentences (verbatim) as
+``page_content``, the input ``id`` and metadata preserved, and rag-opt's scores and kept character offsets
+under one metadata key (``"rag_opt"`` by default, see :func:`to_langchain_documents`). Documents with nothing
+kept are left out. The adapter only translates: scoring, selection and ordering are the optimizer's.
+
+Importing this module imports ``langchain_core`` but not torch; the proxy model loads on the first optimize.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from langchain_core.callbacks import Callbacks
+from langchain_core.documents import BaseDocumentCompressor
+from langchain_core.documents import Document as LCDocument
+from langchain_core.runnables import RunnableConfig, RunnableSerializable, run_in_executor
+from pydantic import ConfigDict, Field, model_validator
+from typing_extensions import Self, TypedDict
+
+from rag_opt.pipeline import ORDERINGS, ContextOptimizer, check_budget_args
+from rag_opt.types import Document, OptimizeResult, OutputDocument, to_documents
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "METADATA_KEY",
+    "RagOptCompressor",
+    "RagOptInput",
+    "RagOptRunnable",
+    "format_documents",
+    "to_langchain_documents",
+]
+
+METADATA_KEY = "rag_opt"
+"""The metadata key under which rag-opt's per-document information is stored."""
+
+_QUESTION_KEYS = ("question", "query")
+
+
+class RagOptInput(TypedDict):
+    """The dict input of :class:`RagOptRunnable`."""
+
+    question: str
+    documents: list[LCDocument | str | dict[str, Any]]
+
+
+# -- translation ----------------------------------------------------------------------------------------------
+def _to_rag_documents(documents: Sequence[Any], score_key: str | None) -> list[Document]:
+    """LangChain ``Document`` s (or anything :func:`rag_opt.types.to_documents` accepts) to ours."""
+    if isinstance(documents, (str, bytes, Mapping)) or not isinstance(documents, Sequence):
+        raise TypeError(f"documents must be a list of documents, got {type(documents).__name__}")
+    out: list[Document] = []
+    for i, doc in enumerate(documents):
+        if isinstance(doc, LCDocument):
+            metadata = dict(doc.metadata or {})
+            score = metadata.get(score_key) if score_key else None
+            if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))):
+                raise TypeError(f"documents[{i}]: metadata[{score_key!r}] must be a number, got {score!r}")
+            out.append(
+                Document(
+                    text=doc.page_content,
+                    id=None if doc.id is None else str(doc.id),
+                    metadata=metadata,
+                    score=None if score is None else float(score),
+                )
+            )
+        else:
+            try:
+                (converted,) = to_documents([doc])
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(str(exc).replace("documents[0]", f"documents[{i}]", 1)) from None
+            out.append(converted)
+    return out
+
+
+def _unit_info(out: OutputDocument) -> list[dict[str, Any]]:
+    return [
+        {"start": u.start, "end": u.end, "kind": u.kind, "tokens": u.tokens, "score": u.score, "kept": u.kept}
+        for u in out.units
+    ]
+
+
+def document_info(out: OutputDocument, rank: int | None, result: OptimizeResult) -> dict[str, Any]:
+    """rag-opt's information about one result document, JSON-serialisable (what goes under ``"rag_opt"``).
+
+    ``index``: input position; ``rank``: output position (None when dropped); ``score``: document relevance
+    (calibrated when ``calibrated``), ``raw_score``: before calibration; ``kept_spans``: ``[start, end]``
+    character offsets of the kept text in the *original* text; ``units``: every sentence/unit with its
+    offsets, score and whether it was kept; token counts in the target LLM's tokenizer.
+    """
+    return {
+        "index": out.index,
+        "rank": rank,
+        "score": out.score,
+        "raw_score": out.raw_score,
+        "calibrated": result.calibrated,
+        "scorer": result.scorer,
+        "kept_spans": [[s, e] for s, e in out.kept_spans],
+        "units": _unit_info(out),
+        "tokens_before": out.tokens_before,
+        "tokens_after": out.tokens_after,
+    }
+
+
+def to_langchain_documents(
+    result: OptimizeResult,
+    documents: Sequence[Any] | None = None,
+    *,
+    metadata_key: str = METADATA_KEY,
+) -> list[LCDocument]:
+    """The result's documents (output order) as LangChain ``Document`` s.
+
+    ``documents``: the inputs given to ``optimize``; when given, each output keeps its input's ``id`` and
+    metadata object values as they were (otherwise the result's copies are used). rag-opt's information
+    (:func:`document_info`) is added under ``metadata[metadata_key]``.
+    """
+    n_in = len(result.documents) + len(result.dropped)
+    if documents is not None and len(documents) != n_in:
+        raise ValueError(f"the result covers {n_in} input documents but {len(documents)} were given")
+    out: list[LCDocument] = []
+    for rank, doc in enumerate(result.documents):
+        original = documents[doc.index] if documents is not None else None
+        if isinstance(original, LCDocument):
+            metadata = dict(original.metadata or {})
+            doc_id = original.id
+        else:
+            metadata = dict(doc.metadata)
+            if doc.title and "title" not in metadata:
+                metadata["title"] = doc.title
+            doc_id = doc.id if (original is None or _input_id(original) is not None) else None
+        if metadata_key in metadata:
+            logger.debug("replacing existing metadata[%r] of document %s", metadata_key, doc.id)
+        metadata[metadata_key] = document_info(doc, rank, result)
+        out.append(LCDocument(page_content=doc.text, metadata=metadata, id=doc_id))
+    return out
+
+
+def _input_id(original: Any) -> str | None:
+    if isinstance(original, Document):
+        return original.id
+    if isinstance(original, Mapping) and original.get("id") is not None:
+        return str(original["id"])
+    return None
+
+
+def format_documents(
+    documents: Sequence[LCDocument],
+    *,
+    separator: str = "\n\n",
+    with_titles: bool = True,
+) -> str:
+    """Render (optimized) documents into the context string of a prompt.
+
+    Each document is its ``metadata["title"]`` line (when present and ``with_titles``) followed by its text,
+    as :meth:`rag_opt.OptimizeResult.context` renders them. Usable directly in LCEL:
+    ``optimizer | format_documents``.
+    """
+    if isinstance(documents, (str, bytes, Mapping)) or not isinstance(documents, Sequence):
+        raise TypeError(f"format_documents expects a list of Documents, got {type(documents).__name__}")
+    parts: list[str] = []
+    for i, doc in enumerate(documents):
+        if not isinstance(doc, LCDocument):
+            raise TypeError(f"documents[{i}]: expected a LangChain Document, got {type(doc).__name__}")
+        title = doc.metadata.get("title") if with_titles else None
+        head = f"{title}\n" if isinstance(title, str) and title.strip() else ""
+        parts.append(head + doc.page_content)
+    return separator.join(parts)
+
+
+# -- shared settings ------------------------------------------------------------------------------------------
+def _check_settings(ratio: Any, target_tokens: Any, threshold: Any, ordering: str | None) -> None:
+    check_budget_args(ratio, target_tokens, threshold)
+    if ordering is not None and ordering not in ORDERINGS:
+        raise ValueError(f"unknown ordering {ordering!r}; use one of {', '.join(ORDERINGS)}")
+
+
+def _run_optimize(
+    optimizer: ContextOptimizer,
+    query: Any,
+    documents: Sequence[Any],
+    *,
+    ratio: float | None,
+    target_tokens: int | None,
+    threshold: float | None,
+    ordering: str | None,
+    metadata_key: str,
+    score_key: str | None,
+) -> list[LCDocument]:
+    if not isinstance(query, str):
+        raise TypeError(f"the question must be a string, got {type(query).__name__}")
+    docs = _to_rag_documents(documents, score_key)
+    if not docs:
+        return []
+    result = optimizer.optimize(
+        query, docs, ratio=ratio, target_tokens=target_tokens, threshold=threshold, ordering=ordering
+    )
+    logger.debug(
+        "rag-opt: %d -> %d tokens, %d of %d documents kept",
+        result.tokens_before,
+        result.tokens_after,
+        len(result.documents),
+        len(docs),
+    )
+    return to_langchain_documents(result, documents, metadata_key=metadata_key)
+
+
+_OPTIMIZER_DOC = "the ContextOptimizer to use (default: a new ContextOptimizer(); the proxy model is shared)"
+
+
+# -- the compressor -------------------------------------------------------------------------------------------
+class RagOptCompressor(BaseDocumentCompressor):
+    """rag-opt as a LangChain document compressor (sync and async).
+
+    ``ContextualCompressionRetriever(base_compressor=RagOptCompressor(ratio=0.5), base_retriever=retriever)``
+
+    Args:
+        optimizer: the :class:`~rag_opt.ContextOptimizer` (holds model, target tokenizer and defaults).
+        ratio / target_tokens / threshold: compression for each call (at most one; none = the optimizer's).
+        ordering: document ordering (None = the optimizer's).
+        metadata_key: where rag-opt's scores and kept offsets go in each output's metadata.
+        score_key: a metadata key holding the retriever's score (used when ordering needs a fallback).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    optimizer: ContextOptimizer = Field(default_factory=ContextOptimizer, exclude=True, description=_OPTIMIZER_DOC)
+    ratio: float | None = None
+    target_tokens: int | None = None
+    threshold: float | None = None
+    ordering: str | None = None
+    metadata_key: str = METADATA_KEY
+    score_key: str | None = None
+
+    @model_validator(mode="after")
+    def _validate(self) -> Self:
+        _check_settings(self.ratio, self.target_tokens, self.threshold, self.ordering)
+        return self
+
+    def compress_documents(
+        self,
+        documents: Sequence[LCDocument],
+        query: str,
+        callbacks: Callbacks | None = None,
+    ) -> Sequence[LCDocument]:
+        """Optimize ``documents`` for ``query``; returns the kept documents in output order."""
+        return _run_optimize(
+            self.optimizer,
+            query,
+            documents,
+            ratio=self.ratio,
+            target_tokens=self.target_tokens,
+            threshold=self.threshold,
+            ordering=self.ordering,
+            metadata_key=self.metadata_key,
+            score_key=self.score_key,
+        )
+
+    async def acompress_documents(
+        self,
+        documents: Sequence[LCDocument],
+        query: str,
+        callbacks: Callbacks | None = None,
+    ) -> Sequence[LCDocument]:
+        """Async :meth:`compress_documents` (the forward pass runs in an executor thread)."""
+        return await run_in_executor(None, self.compress_documents, documents, query, callbacks)
+
+
+# -- the LCEL runnable ----------------------------------------------------------------------------------------
+class RagOptRunnable(RunnableSerializable[RagOptInput | list[LCDocument], list[LCDocument]]):
+    """rag-opt as an LCEL runnable: ``{"question", "documents"}`` (or a list of documents) → ``Document`` s.
+
+    In a chain::
+
+        {"question": RunnablePassthrough(), "documents": retriever}
+        | RunnablePassthrough.assign(context=RagOptRunnable(ratio=0.5) | format_documents)
+        | prompt | llm
+
+    After a retriever, with the question from the config::
+
+        (retriever | RagOptRunnable(ratio=0.5)).invoke(q, config={"configurable": {"question": q}})
+
+    Supports ``invoke``/``ainvoke``/``batch``/``abatch``/``stream``, ``with_config`` (``run_name``, tags,
+    callbacks) and ``configurable_fields`` on ``ratio``, ``target_tokens``, ``threshold`` and ``ordering``.
+    Runs are traced as chain runs named ``RagOptRunnable`` unless renamed.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    optimizer: ContextOptimizer = Field(default_factory=ContextOptimizer, exclude=True, description=_OPTIMIZER_DOC)
+    ratio: float | None = None
+    target_tokens: int | None = None
+    threshold: float | None = None
+    ordering: str | None = None
+    metadata_key: str = METADATA_KEY
+    score_key: str | None = None
+
+    @model_validator(mode="after")
+    def _validate(self) -> Self:
+        _check_settings(self.ratio, self.target_tokens, self.threshold, self.ordering)
+        return self
+
+    @property
+    def InputType(self) -> Any:  # noqa: N802 - LangChain's name
+        return RagOptInput | list[LCDocument]
+
+    @property
+    def OutputType(self) -> Any:  # noqa: N802 - LangChain's name
+        return list[LCDocument]
+
+    def _split_input(self, input: Any, config: RunnableConfig) -> tuple[Any, Any]:
+        if isinstance(input, Mapping):
+            if "documents" not in input:
+                raise ValueError(
+                    f"RagOptRunnable input is missing 'documents' (got keys {sorted(map(str, input))}); "
+                    "expected {'question': ..., 'documents': [...]}"
+                )
+            question = next((input[k] for k in _QUESTION_KEYS if k in input), None)
+            if question is None:
+                question = _config_question(config)
+            if question is None:
+                raise ValueError(
+                    f"RagOptRunnable input is missing 'question' (got keys {sorted(map(str, input))}); "
+                    "expected {'question': ..., 'documents': [...]}"
+                )
+            return question, input["documents"]
+        if isinstance(input, (str, bytes)) or not isinstance(input, Sequence):
+            raise TypeError(
+                "RagOptRunnable expects {'question': ..., 'documents': [...]} or a list of documents, got "
+                f"{type(input).__name__}"
+            )
+        question = _config_question(config)
+        if question is None:
+            raise ValueError(
+                "RagOptRunnable got a list of documents but no question: pass {'question': ..., 'documents': "
+                "[...]} or config={'configurable': {'question': ...}}"
+            )
+        return question, input
+
+    def _optimize(self, input: Any, config: RunnableConfig) -> list[LCDocument]:
+        question, documents = self._split_input(input, config)
+        return _run_optimize(
+            self.optimizer,
+            question,
+            documents,
+            ratio=self.ratio,
+            target_tokens=self.target_tokens,
+            threshold=self.threshold,
+            ordering=self.ordering,
+            metadata_key=self.metadata_key,
+            score_key=self.score_key,
+        )
+
+    async def _aoptimize(self, input: Any, config: RunnableConfig) -> list[LCDocument]:
+        return await run_in_executor(config, self._optimize, input, config)
+
+    def invoke(
+        self, input: RagOptInput | list[LCDocument], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> list[LCDocument]:
+        return self._call_with_config(self._optimize, input, config, **kwargs)
+
+    async def ainvoke(
+        self, input: RagOptInput | list[LCDocument], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> list[LCDocument]:
+        return await self._acall_with_config(self._aoptimize, input, config, **kwargs)
+
+
+def _config_question(config: RunnableConfig | None) -> Any:
+    configurable = cast(Mapping[str, Any], (config or {}).get("configurable") or {})
+    return next((configurable[k] for k in _QUESTION_KEYS if configurable.get(k) is not None), None)
