@@ -4,11 +4,15 @@ Every orderer returns a permutation ``perm`` of document indices: output slot ``
 input document ``perm[i]``.
 """
 
+from rag_opt.orderers.attention_sort import AttentionSort
+from rag_opt.orderers.calibrated import CalibratedPlacement, placement
 from rag_opt.orderers.lost_in_the_middle import LostInTheMiddle, end_placement, rank_scores
 
-# Extend this list as orderers are added (e.g. AttentionSort, CalibratedPlacement).
 __all__ = [
+    "AttentionSort",
+    "CalibratedPlacement",
     "LostInTheMiddle",
     "end_placement",
+    "placement",
     "rank_scores",
 ]

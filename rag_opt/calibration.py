@@ -1,0 +1,214 @@
+"""Position-bias calibration ("found in the middle", Hsieh et al. 2024).
+
+A :class:`PositionProfile` holds, for one (proxy model, prompt template, number of documents), the attention
+share that each document *slot* receives when every slot holds a non-relevant document — per query view,
+layer and head. Calibrated attention of a document at slot k is its attention share minus the profile's
+share at slot k. Profiles are estimated once from real non-relevant passages and cached on disk as small
+JSON files, so no extra forward pass is needed per query.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rag_opt.attention import TEMPLATE_ID, VIEWS
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.proxy import ProxyModel
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "rag-opt-position-profile/1"
+
+
+class ProfileMismatchError(ValueError):
+    """A calibration profile belongs to another model, template or number of documents."""
+
+
+@dataclass
+class PositionProfile:
+    model: str
+    template: str
+    n_docs: int
+    baseline: np.ndarray  # (n_docs, n_views, n_layers, n_heads): mean attention share per slot
+    contexts: int  # how many calibration contexts were averaged
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.baseline.ndim != 4 or self.baseline.shape[0] != self.n_docs or self.baseline.shape[1] != len(VIEWS):
+            raise ValueError(
+                f"profile baseline has shape {self.baseline.shape}, expected ({self.n_docs}, {len(VIEWS)}, L, H)"
+            )
+        if not np.all(np.isfinite(self.baseline)):
+            raise ValueError("profile baseline contains non-finite values")
+
+    @property
+    def key(self) -> str:
+        return profile_key(self.model, self.template, self.n_docs)
+
+    def check(self, model: str, n_docs: int, template: str = TEMPLATE_ID) -> None:
+        if (self.model, self.template, self.n_docs) != (model, template, n_docs):
+            raise ProfileMismatchError(
+                f"calibration profile is for model {self.model!r}, template {self.template!r} and {self.n_docs} "
+                f"documents; it cannot calibrate model {model!r}, template {template!r} with {n_docs} documents "
+                "(run `rag-opt calibrate` for that setting)"
+            )
+
+    def calibrate(self, doc_mass: np.ndarray) -> np.ndarray:
+        """Attention share minus the slot's baseline; ``doc_mass`` is (n_docs, n_views, L, H) in slot order."""
+        if doc_mass.shape != self.baseline.shape:
+            raise ProfileMismatchError(
+                f"attention of shape {doc_mass.shape} does not match the profile's {self.baseline.shape}"
+            )
+        return doc_mass - self.baseline
+
+    def slot_attention(self, view: str = "last", layers: Sequence[int] | None = None) -> np.ndarray:
+        """Mean attention share per slot (over the chosen layers and all heads): the U-curve."""
+        v = VIEWS.index(view)
+        b = self.baseline[:, v]
+        if layers is not None:
+            b = b[:, list(layers)]
+        return np.asarray(b.mean(axis=(1, 2)), dtype=np.float64)
+
+    # -- persistence -------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "model": self.model,
+            "template": self.template,
+            "n_docs": self.n_docs,
+            "views": list(VIEWS),
+            "shape": list(self.baseline.shape),
+            "baseline": [float(x) for x in self.baseline.ravel()],
+            "contexts": self.contexts,
+            "metadata": self.metadata,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "profile") -> PositionProfile:
+        try:
+            if data.get("format") != FORMAT:
+                raise ValueError(f"unsupported format {data.get('format')!r}, expected {FORMAT!r}")
+            if list(data["views"]) != list(VIEWS):
+                raise ValueError(f"views {data['views']} do not match {list(VIEWS)}")
+            shape = tuple(int(x) for x in data["shape"])
+            base = np.asarray(data["baseline"], dtype=np.float64)
+            if base.size != int(np.prod(shape)):
+                raise ValueError(f"baseline has {base.size} values, shape {shape} needs {int(np.prod(shape))}")
+            return cls(
+                model=str(data["model"]),
+                template=str(data["template"]),
+                n_docs=int(data["n_docs"]),
+                baseline=base.reshape(shape),
+                contexts=int(data["contexts"]),
+                metadata=dict(data.get("metadata") or {}),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"invalid {source}: {exc}") from None
+
+
+def profile_key(model: str, template: str, n_docs: int) -> str:
+    return f"{model.replace(':', '-').replace('/', '-')}__{template}__n{n_docs}"
+
+
+class ProfileStore:
+    """Calibration profiles on disk: one JSON per (model, template, n_docs) under ``root``."""
+
+    def __init__(self, root: str | Path | None = None) -> None:
+        if root is None:
+            from rag_opt.proxy import cache_dir
+
+            root = os.environ.get("RAG_OPT_CALIBRATION_DIR") or cache_dir() / "calibration"
+        self.root = Path(root)
+
+    def path(self, model: str, n_docs: int, template: str = TEMPLATE_ID) -> Path:
+        return self.root / f"{profile_key(model, template, n_docs)}.json"
+
+    def get(self, model: str, n_docs: int, template: str = TEMPLATE_ID) -> PositionProfile | None:
+        p = self.path(model, n_docs, template)
+        if not p.is_file():
+            return None
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"calibration profile {p} is not valid JSON: {exc}") from None
+        profile = PositionProfile.from_dict(data, source=f"calibration profile {p}")
+        profile.check(model, n_docs, template)
+        return profile
+
+    def put(self, profile: PositionProfile) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        p = self.path(profile.model, profile.n_docs, profile.template)
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(profile.to_dict()))
+        os.replace(tmp, p)
+        return p
+
+
+def estimate_profile(
+    proxy: ProxyModel,
+    contexts: Iterable[tuple[Sequence[str], str]],
+    n_docs: int,
+    *,
+    max_tokens: int = 8192,
+    progress: bool = True,
+    metadata: dict[str, Any] | None = None,
+) -> PositionProfile:
+    """Average the attention share of each slot over contexts of ``n_docs`` non-relevant documents."""
+    from tqdm.auto import tqdm
+
+    from rag_opt.attention import extract
+
+    total: np.ndarray | None = None
+    count = 0
+    items = list(contexts)
+    for docs, question in tqdm(items, desc=f"calibrating {n_docs} slots", disable=not progress):
+        if len(docs) != n_docs:
+            raise ValueError(f"calibration context has {len(docs)} documents, expected {n_docs}")
+        feats = extract(proxy, [[d] for d in docs], question, max_tokens=max_tokens)
+        if feats.windows > 1:
+            raise ValueError(
+                f"calibration contexts must fit one window ({max_tokens} proxy tokens); got {feats.windows} windows"
+            )
+        total = feats.doc_mass.astype(np.float64) if total is None else total + feats.doc_mass
+        count += 1
+    if total is None or count == 0:
+        raise ValueError("no calibration contexts")
+    return PositionProfile(
+        model=proxy.name,
+        template=TEMPLATE_ID,
+        n_docs=n_docs,
+        baseline=total / count,
+        contexts=count,
+        metadata=dict(metadata or {}),
+    )
+
+
+def plot_profile(profile: PositionProfile, path: str | Path) -> None:
+    """A PNG of the per-slot attention (both views, mean over layers and heads): the U-shape."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    slots = np.arange(1, profile.n_docs + 1)
+    for view in VIEWS:
+        ax.plot(slots, profile.slot_attention(view), marker="o", label=f"{view} token(s)")
+    ax.axhline(1.0 / profile.n_docs, color="grey", ls="--", lw=1, label="even share")
+    ax.set_xlabel("document slot")
+    ax.set_ylabel("share of context attention")
+    ax.set_title(f"Positional attention profile: {profile.model}, {profile.n_docs} docs ({profile.contexts} contexts)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

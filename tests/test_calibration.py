@@ -1,0 +1,82 @@
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from rag_opt.attention import TEMPLATE_ID
+from rag_opt.calibration import PositionProfile, ProfileMismatchError, ProfileStore
+from rag_opt.orderers import CalibratedPlacement, placement
+
+
+def _profile(n=5, model="embedded:smollm2-135m", seed=0):
+    rng = np.random.default_rng(seed)
+    base = rng.random((n, 2, 3, 4))
+    return PositionProfile(model=model, template=TEMPLATE_ID, n_docs=n, baseline=base / base.sum(0), contexts=7)
+
+
+def test_store_round_trip_and_keying(tmp_path):
+    store = ProfileStore(tmp_path)
+    p = _profile()
+    path = store.put(p)
+    assert path.name == "embedded-smollm2-135m__" + TEMPLATE_ID + "__n5.json"
+    got = store.get("embedded:smollm2-135m", 5)
+    assert got is not None and np.allclose(got.baseline, p.baseline) and got.contexts == 7
+    assert store.get("embedded:smollm2-135m", 6) is None  # another N: not cached
+    assert store.get("other/model", 5) is None
+
+
+def test_profile_for_another_model_or_n_is_refused(tmp_path):
+    store = ProfileStore(tmp_path)
+    p = _profile()
+    store.put(p)
+    # a file renamed to another key must not be used for that key
+    src = store.path("embedded:smollm2-135m", 5)
+    src.rename(store.path("embedded:smollm2-135m", 7))
+    with pytest.raises(ProfileMismatchError, match="5 documents"):
+        store.get("embedded:smollm2-135m", 7)
+    with pytest.raises(ProfileMismatchError, match="model"):
+        p.check("Qwen/Qwen2.5-0.5B-Instruct", 5)
+
+
+def test_invalid_profile_file(tmp_path):
+    store = ProfileStore(tmp_path)
+    store.root.mkdir(parents=True, exist_ok=True)
+    path = store.path("m", 3)
+    path.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        store.get("m", 3)
+    data = _profile(3, model="m").to_dict()
+    data["baseline"] = data["baseline"][:-1]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="baseline has"):
+        store.get("m", 3)
+
+
+def test_calibrated_equals_raw_minus_profile():
+    p = _profile()
+    raw = np.random.default_rng(1).random(p.baseline.shape)
+    np.testing.assert_allclose(p.calibrate(raw), raw - p.baseline)
+    with pytest.raises(ProfileMismatchError):
+        p.calibrate(raw[:4])
+
+
+def test_placement_puts_best_documents_in_most_attended_slots():
+    # U-shaped attention: slots 0 and 4 best, then 3, 1, 2
+    att = [0.30, 0.15, 0.05, 0.20, 0.30]
+    rel = [0.1, 0.9, 0.5, 0.7, 0.2]  # ranks: doc1 > doc3 > doc2 > doc4 > doc0
+    perm = placement(rel, att)
+    assert sorted(perm) == list(range(5))
+    assert perm[4] == 1 and perm[0] == 3  # tie between slots 0 and 4: the later slot ranks first
+    assert perm[3] == 2 and perm[1] == 4 and perm[2] == 0
+    with pytest.raises(ValueError, match="3 slots"):
+        placement([1, 2], [1, 2, 3])
+
+
+def test_calibrated_placement_checks_n():
+    p = _profile(4)
+    cp = CalibratedPlacement(p)
+    assert sorted(cp.order([0.1, 0.2, 0.3, 0.4])) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="rag-opt calibrate --n-docs 5"):
+        cp.order([0.1] * 5)
