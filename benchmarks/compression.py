@@ -22,8 +22,8 @@ import logging
 import random
 import statistics
 import time
-from fractions import Fraction
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 

@@ -109,6 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     _add_model_args(p)
 
+    p = sub.add_parser("explain", help="write an HTML report of what rag-opt keeps, drops and reorders, and why")
+    p.add_argument("--query", "-q", required=True, help="the question")
+    p.add_argument("--input", "-i", required=True, help="documents as JSONL (as for optimize); - for stdin")
+    p.add_argument("--out", "-o", required=True, help="where to write the HTML report; - for stdout")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--ratio", type=_ratio, help="fraction of target-LLM tokens to keep (default 0.5)")
+    g.add_argument("--target-tokens", type=_nonneg_int, help="token budget in the target LLM's tokens")
+    g.add_argument("--threshold", type=float, help="keep sentences whose relevance probability is >= this")
+    p.add_argument("--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>")
+    p.add_argument("--ordering", default="input", help="document ordering, as for optimize (default: input)")
+    p.add_argument("--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
+    _add_model_args(p)
+
     p = sub.add_parser("models", help="show which proxy model would load, from where")
     p.add_argument("--model", help="model to resolve (default: the embedded default)")
 
@@ -125,7 +138,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--l2", type=float, default=1e-3, help="L2 regularisation strength")
     p.add_argument("--blocks", default=None, help="comma-separated feature blocks (default: all)")
     _add_model_args(p)
+
+    p = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible proxy: optimize the context of chat requests, forward them upstream",
+        description="OpenAI-compatible HTTP proxy (needs the server extra). Every option can also be set by "
+        "the environment variable RAG_OPT_<OPTION> (e.g. RAG_OPT_UPSTREAM, RAG_OPT_RATIO, RAG_OPT_UPSTREAM_API_KEY); "
+        "the command line wins.",
+    )
+    p.add_argument("--upstream", help="the upstream's OpenAI base URL, e.g. http://localhost:8080/v1 (required)")
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to listen on (default 8000)")
+    p.add_argument(
+        "--upstream-api-key",
+        help="replace the clients' Authorization with this key (prefer RAG_OPT_UPSTREAM_API_KEY: argv is visible)",
+    )
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--ratio", type=_ratio, help="fraction of context tokens to keep, in (0, 1] (default 0.5)")
+    g.add_argument("--target-tokens", type=_nonneg_int, help="context token budget in the target LLM's tokens")
+    g.add_argument("--threshold", type=float, help="keep sentences whose relevance probability is >= this")
+    p.add_argument("--ordering", help="document ordering: input (default), lost_in_the_middle, relevance, ...")
+    p.add_argument("--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>")
+    p.add_argument("--probe", help="probe JSON path, 'auto' (shipped, default) or 'none' (raw attention)")
+    p.add_argument("--document-tag", help="context documents are <TAG ...>...</TAG> blocks (default: document)")
+    p.add_argument("--tool-min-chars", type=_nonneg_int, help="tool messages this long are context (default 2000)")
+    p.add_argument(
+        "--no-tool-messages",
+        dest="tool_messages",
+        action="store_const",
+        const=False,
+        help="never optimize tool messages",
+    )
+    p.add_argument("--time-budget-ms", type=float, help="optimizer time budget; over it the request is forwarded as is")
+    p.add_argument("--max-concurrency", type=int, help="optimizations running at once (default 1)")
+    p.add_argument("--connect-timeout", type=float, help="seconds to connect to the upstream (default 10)")
+    p.add_argument("--read-timeout", type=float, help="seconds between bytes from the upstream (default 600)")
+    p.add_argument("--no-warmup", dest="warmup", action="store_const", const=False, help="load the model lazily")
+    _add_model_args(p)
     return parser
+
+
+def _quiet_third_party(verbose: bool) -> None:
+    """Hide transformers' weight-loading progress bars on the command line (kept with -v)."""
+    if verbose:
+        return
+    import os
+
+    # read by huggingface_hub and transformers when they are imported (later, when a model loads)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -133,16 +193,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    _quiet_third_party(verbose=args.verbose > 0)
     if args.command is None:
         parser.print_help()
         return 0
     try:
         if args.command == "optimize":
             return _cmd_optimize(args)
+        if args.command == "explain":
+            return _cmd_explain(args)
         if args.command == "models":
             return _cmd_models(args)
         if args.command == "train-probe":
             return _cmd_train_probe(args)
+        if args.command == "serve":
+            return _cmd_serve(args)
     except UserError as exc:
         print(f"rag-opt: error: {exc}", file=sys.stderr)
         return 2
@@ -192,6 +257,43 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from rag_opt.pipeline import ContextOptimizer
+    from rag_opt.report import DEFAULT_EXPLAIN_RATIO, render_html
+
+    if not args.query.strip():
+        raise UserError("--query is empty")
+    if args.threshold is not None and not 0 <= args.threshold <= 1:
+        raise UserError(f"--threshold must be in [0, 1], got {args.threshold}")
+    out = Path(args.out) if args.out != "-" else None
+    if out is not None and not out.parent.is_dir():
+        raise UserError(f"output folder not found: {out.parent}")
+    docs = read_documents(args.input)
+    ratio = args.ratio
+    if ratio is None and args.target_tokens is None and args.threshold is None:
+        ratio = DEFAULT_EXPLAIN_RATIO
+    opt = ContextOptimizer(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        target=args.target,
+        ordering=args.ordering,
+        probe=None if args.probe == "none" else args.probe,
+    )
+    result = opt.optimize(args.query, docs, ratio=ratio, target_tokens=args.target_tokens, threshold=args.threshold)
+    page = render_html(result, docs)
+    if out is None:
+        sys.stdout.write(page)
+        return 0
+    out.write_text(page, encoding="utf-8")
+    print(
+        f"rag-opt: wrote {out} ({len(result.documents)} of {len(docs)} documents kept, "
+        f"{result.tokens_before} → {result.tokens_after} tokens, scorer: {result.scorer})",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def _cmd_models(args: argparse.Namespace) -> int:
     from rag_opt.probe import shipped_probe
     from rag_opt.proxy import EMBEDDED_MODELS, ModelNotFoundError, cache_dir, resolve_source
@@ -233,6 +335,43 @@ def _cmd_train_probe(args: argparse.Namespace) -> int:
         cache_root=args.cache or str(cache_dir() / "features"),
         l2=args.l2,
         blocks=blocks,
+    )
+    return 0
+
+
+_SERVE_OPTIONS = (
+    "upstream", "host", "port", "upstream_api_key", "ratio", "target_tokens", "threshold", "ordering", "target",
+    "probe", "document_tag", "tool_min_chars", "tool_messages", "time_budget_ms", "max_concurrency",
+    "connect_timeout", "read_timeout", "warmup", "device", "dtype",
+)  # fmt: skip
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        import starlette  # noqa: F401
+        import uvicorn
+    except ImportError:
+        raise UserError("rag-opt serve needs the server extra: pip install 'rag-opt[server]'") from None
+    from rag_opt.adapters.proxy.app import create_app
+    from rag_opt.adapters.proxy.settings import ProxySettings
+
+    cli = {k: getattr(args, k, None) for k in _SERVE_OPTIONS}
+    settings = ProxySettings.from_sources({**cli, "proxy_model": args.model})
+    app = create_app(settings)
+    logging.getLogger("rag_opt").setLevel(min(logging.getLogger().getEffectiveLevel(), logging.INFO))
+    budget = ", ".join(f"{k}={v}" for k, v in settings.budget.items() if v is not None)
+    print(
+        f"rag-opt proxy on http://{settings.host}:{settings.port}/v1 -> {settings.upstream} ({budget}, "
+        f"ordering={settings.ordering}, time budget {settings.time_budget_ms:.0f} ms)",
+        file=sys.stderr,
+    )
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="debug" if args.verbose >= 2 else "info",
+        server_header=False,  # the upstream's Server and Date headers are relayed
+        date_header=False,
     )
     return 0
 

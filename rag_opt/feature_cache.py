@@ -96,7 +96,7 @@ def fill_cache(
     examples: Sequence[tuple[str, Sequence[Sequence[str]], str]],
     compute: Callable[[Sequence[Sequence[str]], str], AttentionFeatures],
     *,
-    shard_size: int = 50,
+    shard_size: int = 25,
     progress: bool = True,
     desc: str = "attention features",
 ) -> int:

@@ -179,6 +179,9 @@ class ContextOptimizer:
         if ordering not in ORDERINGS:
             raise ValueError(f"unknown ordering {ordering!r}; use one of {', '.join(ORDERINGS)}")
         docs = to_documents(documents)
+        for i, doc in enumerate(docs):
+            if not doc.text.strip():
+                raise ValueError(f"documents[{i}] is empty: every document needs some text")
         counter = self.counter
         timings = Timings()
         warnings: list[str] = []
@@ -213,6 +216,10 @@ class ContextOptimizer:
             )
             sc = scorer.score(query, ctx)
             method, proxy_name = sc.method, sc.model
+            if method == "raw-attention":
+                warnings.append(
+                    f"no probe for proxy model {proxy_name}: sentences were scored by raw attention (weaker)"
+                )
             pos = 0
             for j, i in enumerate(scorable):
                 off = 1 if units[i].title else 0
@@ -232,9 +239,7 @@ class ContextOptimizer:
         timings.select_ms = (time.perf_counter() - t) * 1e3
 
         out_docs = [self._output(i, u, scores[i], kept[i], doc_scores[i], counter) for i, u in enumerate(units)]
-        keep_doc = [any(k) or (not u.spans and not compress) for u, k in zip(units, kept, strict=True)]
-        if not compress:
-            keep_doc = [True] * len(units)
+        keep_doc = [any(k) for k in kept] if compress else [True] * len(units)
 
         # order
         t = time.perf_counter()
@@ -244,10 +249,10 @@ class ContextOptimizer:
 
         documents_out = [out_docs[i] for i in order]
         dropped = [out_docs[i] for i in range(len(units)) if not keep_doc[i]]
-        for d in dropped:
-            d.text = ""
-            d.tokens_after = 0
-        tokens_after = sum(d.tokens_after for d in documents_out)
+        for gone in dropped:
+            gone.text = ""
+            gone.tokens_after = 0
+        tokens_after = sum(out.tokens_after for out in documents_out)
         if budget is not None and tokens_after > budget:  # pragma: no cover - guarded by _select
             raise AssertionError(f"selection exceeded the budget: {tokens_after} > {budget}")
         timings.total_ms = (time.perf_counter() - t0) * 1e3

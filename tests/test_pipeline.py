@@ -88,3 +88,36 @@ def test_target_tokens_budget_and_orderings():
     r = opt.optimize(ex["question"], hotpot_docs(ex), target_tokens=300, ordering="lost_in_the_middle")
     scores = [d.score for d in r.documents]
     assert max(scores) == scores[0]
+
+
+def test_empty_document_is_refused():
+    with pytest.raises(ValueError, match=r"documents\[1\] is empty"):
+        rag_opt.optimize("q?", ["fine text.", "   "], ratio=0.5)
+
+
+@pytest.mark.model
+def test_protected_blocks_are_kept_or_dropped_whole():
+    code = "```python\nx = compute(1.5)\nprint(x.value)  # Dr. Who? e.g. 3.14\n```\n"
+    table = "| name | year |\n|---|---|\n| Laleli Mosque | 1763 |\n| Esma Sultan Mansion | 1875 |\n"
+    doc = (
+        "The Laleli Mosque is an 18th-century Ottoman imperial mosque in Istanbul. "
+        "It was built between 1760 and 1763.\n\n" + table + "\nThe mansion is in Ortaköy.\n\n" + code
+    )
+    counter = get_token_counter()
+    for budget in (10, 30, 60, 200):
+        r = rag_opt.optimize("When was the Laleli Mosque built?", [doc], target_tokens=budget, probe=None)
+        assert r.tokens_after <= budget
+        text = r.documents[0].text if r.documents else ""
+        for block in (code, table):
+            assert block in text or block.strip() not in text  # whole or absent
+            for line in block.strip().splitlines()[1:-1]:
+                assert (line in text) == (block in text)
+        assert counter.count(text) <= budget
+
+
+@pytest.mark.model
+def test_raw_attention_fallback_says_so():
+    ex = hotpot_dev(1)[0]
+    r = rag_opt.optimize(ex["question"], hotpot_docs(ex)[:3], ratio=0.5, probe=None)
+    assert r.scorer == "raw-attention"
+    assert any("raw attention" in w for w in r.warnings)

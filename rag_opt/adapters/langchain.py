@@ -21,7 +21,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from langchain_core.callbacks import Callbacks
+from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun, Callbacks
 from langchain_core.documents import BaseDocumentCompressor
 from langchain_core.documents import Document as LCDocument
 from langchain_core.runnables import RunnableConfig, RunnableSerializable, run_in_executor
@@ -347,7 +347,9 @@ class RagOptRunnable(RunnableSerializable[RagOptInput | list[LCDocument], list[L
             )
         return question, input
 
-    def _optimize(self, input: Any, config: RunnableConfig) -> list[LCDocument]:
+    def _optimize(
+        self, input: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig
+    ) -> list[LCDocument]:
         question, documents = self._split_input(input, config)
         return _run_optimize(
             self.optimizer,
@@ -361,8 +363,10 @@ class RagOptRunnable(RunnableSerializable[RagOptInput | list[LCDocument], list[L
             score_key=self.score_key,
         )
 
-    async def _aoptimize(self, input: Any, config: RunnableConfig) -> list[LCDocument]:
-        return await run_in_executor(config, self._optimize, input, config)
+    async def _aoptimize(
+        self, input: Any, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
+    ) -> list[LCDocument]:
+        return await run_in_executor(config, self._optimize, input, run_manager.get_sync(), config)
 
     def invoke(
         self, input: RagOptInput | list[LCDocument], config: RunnableConfig | None = None, **kwargs: Any
