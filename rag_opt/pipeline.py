@@ -415,7 +415,20 @@ def _relevance(doc: OutputDocument, rank: int) -> float:
 
 
 def _join(u: _DocUnits, kept: list[bool]) -> str:
-    return "".join(u.doc.text[s:e] for (s, e), k in zip(u.spans, kept, strict=True) if k)
+    """Kept units verbatim, in order; where a gap was cut between two pieces that would otherwise touch
+    without whitespace (e.g. "Inc." + "He ..."), a single space keeps the words apart."""
+    return join_spans(u.doc.text, _merge_spans([sp for sp, k in zip(u.spans, kept, strict=True) if k]))
+
+
+def join_spans(text: str, spans: list[tuple[int, int]]) -> str:
+    """Join non-adjacent spans of ``text``, inserting one space only where a cut would glue two words."""
+    parts: list[str] = []
+    for s, e in spans:
+        piece = text[s:e]
+        if parts and not parts[-1][-1:].isspace() and not piece[:1].isspace():
+            parts.append(" ")
+        parts.append(piece)
+    return "".join(parts)
 
 
 def _merge_spans(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:

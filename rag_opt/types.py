@@ -112,7 +112,10 @@ class OutputDocument(BaseModel):
 
     id: str = Field(description="the input id, or the input index as a string")
     index: int = Field(description="position of the document in the input")
-    text: str = Field(description="the kept text: kept units verbatim, in original order")
+    text: str = Field(
+        description="the kept text: kept units verbatim, in original order (one space is inserted between two "
+        "non-adjacent kept spans that would otherwise touch without whitespace)"
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
     title: str | None = None
     score: float | None = Field(default=None, description="document relevance (calibrated when available)")

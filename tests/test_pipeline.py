@@ -7,6 +7,7 @@ import json
 import pytest
 
 import rag_opt
+from rag_opt.pipeline import join_spans
 from rag_opt.tokens import get_token_counter
 from tests.conftest import hotpot_dev, hotpot_docs
 
@@ -66,7 +67,7 @@ def test_optimize_real_hotpotqa_question():
     for out in r.documents:
         src = by_id[out.id]
         assert out.metadata == src["metadata"]
-        assert out.text == "".join(src["text"][s:e] for s, e in out.kept_spans)  # verbatim, in order
+        assert out.text == join_spans(src["text"], out.kept_spans)  # verbatim, in order
         assert out.tokens_after == counter.count(f"{out.title}\n") + counter.count(out.text)
         assert any(u.kept for u in out.units) and all(u.score is not None for u in out.units)
     assert {d.id for d in r.documents} | {d.id for d in r.dropped} == set(by_id)
@@ -121,3 +122,10 @@ def test_raw_attention_fallback_says_so():
     r = rag_opt.optimize(ex["question"], hotpot_docs(ex)[:3], ratio=0.5, probe=None)
     assert r.scorer == "raw-attention"
     assert any("raw attention" in w for w in r.warnings)
+
+
+def test_join_spans_keeps_words_apart():
+    text = "Super Junior-K.R.Y. He is one of them.  Another one."
+    assert join_spans(text, [(0, 15), (20, 38)]) == "Super Junior-K. He is one of them."
+    assert join_spans(text, [(0, 20), (40, 52)]) == "Super Junior-K.R.Y. Another one."  # whitespace already there
+    assert join_spans(text, [(0, 52)]) == text
