@@ -212,3 +212,15 @@ def plot_profile(profile: PositionProfile, path: str | Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def nq_calibration_contexts(n_docs: int, limit: int, path: str | Path | None = None) -> list[tuple[list[str], str]]:
+    """Contexts of ``n_docs`` real non-relevant passages: NQ distractors (they do not contain the answer) of the
+    NQ records set aside for calibration, each with its own question."""
+    from rag_opt.datasets import data_dir, nq_split, read_nq_multidoc
+
+    src = Path(path) if path else data_dir() / "nq_multidoc" / "public.jsonl.gz"
+    records = nq_split(read_nq_multidoc(src, min_distractors=n_docs), "calibration")[:limit]
+    if not records:
+        raise ValueError(f"no NQ records with at least {n_docs} distractors in {src}")
+    return [([f"{d['title']}\n{d['text']}" for d in ex.documents(n_docs, None)], ex.question) for ex in records]

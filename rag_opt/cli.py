@@ -125,6 +125,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="show which proxy model would load, from where")
     p.add_argument("--model", help="model to resolve (default: the embedded default)")
 
+    p = sub.add_parser("calibrate", help="measure the proxy's positional attention profile (cached on disk)")
+    p.add_argument("--n-docs", type=int, required=True, help="number of documents (slots) to calibrate for")
+    p.add_argument("--contexts", type=int, default=50, help="calibration contexts to average (default 50)")
+    p.add_argument("--data", default=None, help="NQ multi-doc JSONL(.gz) (default ../shared/data/nq_multidoc)")
+    p.add_argument("--store", default=None, help="profile folder (default <rag-opt cache>/calibration)")
+    p.add_argument("--plot", default=None, help="write a PNG of the profile here (needs matplotlib)")
+    p.add_argument("--force", action="store_true", help="re-estimate even when a cached profile exists")
+    _add_model_args(p)
+
     p = sub.add_parser("train-probe", help="train the sentence-relevance probe on HotpotQA")
     p.add_argument(
         "--data",
@@ -206,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_models(args)
         if args.command == "train-probe":
             return _cmd_train_probe(args)
+        if args.command == "calibrate":
+            return _cmd_calibrate(args)
         if args.command == "serve":
             return _cmd_serve(args)
     except UserError as exc:
@@ -314,6 +325,34 @@ def _cmd_models(args: argparse.Namespace) -> int:
     for name, emb in EMBEDDED_MODELS.items():
         status = "installed" if emb.locate() else f"not installed ({emb.install})"
         print(f"  embedded:{name:<16} {emb.display_name}: {status}")
+    return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from rag_opt.calibration import ProfileStore, estimate_profile, nq_calibration_contexts, plot_profile
+    from rag_opt.proxy import load_proxy
+
+    if args.n_docs < 1 or args.contexts < 1:
+        raise UserError("--n-docs and --contexts must be positive")
+    if args.data and not Path(args.data).is_file():
+        raise UserError(f"calibration data not found: {args.data}")
+    store = ProfileStore(args.store)
+    proxy = load_proxy(args.model, device=args.device, dtype=args.dtype)
+    profile = None if args.force else store.get(proxy.name, args.n_docs)
+    if profile is None:
+        contexts = nq_calibration_contexts(args.n_docs, args.contexts, args.data)
+        profile = estimate_profile(
+            proxy, contexts, args.n_docs, metadata={"data": "nq_multidoc calibration split (distractors only)"}
+        )
+        path = store.put(profile)
+        print(f"wrote {path} ({profile.contexts} contexts)")
+    else:
+        print(f"using cached {store.path(proxy.name, args.n_docs)} ({profile.contexts} contexts)")
+    curve = profile.slot_attention("last")
+    print("slot attention (final token, mean over layers and heads): " + " ".join(f"{x:.3f}" for x in curve))
+    if args.plot:
+        plot_profile(profile, args.plot)
+        print(f"wrote {args.plot}")
     return 0
 
 

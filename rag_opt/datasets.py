@@ -108,3 +108,59 @@ def normalize_answer(s: str) -> str:
 def contains_answer(text: str, answer: str) -> bool:
     norm = normalize_answer(answer)
     return bool(norm) and norm in normalize_answer(text)
+
+
+@dataclass(frozen=True)
+class NQExample:
+    """A Lost-in-the-Middle NQ multi-document record: question, answers, gold passage, ranked distractors."""
+
+    index: int
+    question: str
+    answers: list[str]
+    gold: dict[str, str]
+    distractors: list[dict[str, str]]
+
+    def documents(self, n_docs: int, gold_at: int | None) -> list[dict[str, str]]:
+        """``n_docs`` passages, the gold one at ``gold_at`` (None: distractors only), as in Liu et al. (2023)."""
+        k = n_docs - (0 if gold_at is None else 1)
+        if len(self.distractors) < k:
+            raise ValueError(f"record {self.index} has {len(self.distractors)} distractors, {k} needed")
+        docs = [dict(d) for d in self.distractors[:k]]
+        if gold_at is not None:
+            if not 0 <= gold_at < n_docs:
+                raise ValueError(f"gold position {gold_at} outside 0..{n_docs - 1}")
+            docs.insert(gold_at, dict(self.gold))
+        return docs
+
+
+def read_nq_multidoc(path: str | Path, *, min_distractors: int = 19) -> list[NQExample]:
+    """Read ``nq_multidoc/public.jsonl.gz``, skipping records with fewer than ``min_distractors`` distractors."""
+    out = []
+    for i, rec in enumerate(read_jsonl(path)):
+        distractors = rec["distractor_ctxs"]
+        assert isinstance(distractors, list)
+        if len(distractors) < min_distractors:
+            continue
+        gold = rec["gold_ctx"]
+        assert isinstance(gold, dict)
+        answers = rec["answers"]
+        assert isinstance(answers, list)
+        out.append(
+            NQExample(
+                index=i,
+                question=str(rec["question"]),
+                answers=[str(a) for a in answers],
+                gold={"title": str(gold["title"]), "text": str(gold["text"])},
+                distractors=[{"title": str(d["title"]), "text": str(d["text"])} for d in distractors],
+            )
+        )
+    return out
+
+
+def nq_split(examples: list[NQExample], part: str) -> list[NQExample]:
+    """A fixed split of the NQ records: ``calibration`` (index % 10 == 0: non-relevant passages for position
+    profiles), ``train`` (index % 10 in 1..4) and ``test`` (index % 10 >= 5: measured, never trained on)."""
+    parts = {"calibration": range(0, 1), "train": range(1, 5), "test": range(5, 10)}
+    if part not in parts:
+        raise ValueError(f"unknown split {part!r}; use one of {list(parts)}")
+    return [ex for ex in examples if ex.index % 10 in parts[part]]

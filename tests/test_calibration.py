@@ -80,3 +80,21 @@ def test_calibrated_placement_checks_n():
     assert sorted(cp.order([0.1, 0.2, 0.3, 0.4])) == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="rag-opt calibrate --n-docs 5"):
         cp.order([0.1] * 5)
+
+
+@pytest.mark.model
+def test_calibrate_command_builds_caches_and_plots(tmp_path, capsys):
+    from rag_opt.cli import main
+    from tests.conftest import data_path
+
+    data_path("nq_multidoc", "public.jsonl.gz")
+    args = ["calibrate", "--n-docs", "3", "--contexts", "2", "--store", str(tmp_path), "--plot", str(tmp_path / "u.png")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "wrote" in out and (tmp_path / "u.png").stat().st_size > 1000
+    profile = ProfileStore(tmp_path).get("embedded:smollm2-135m", 3)
+    assert profile is not None and profile.contexts == 2
+    # shares of the context's attention: each view/layer/head sums to one over the slots
+    np.testing.assert_allclose(profile.baseline.sum(0), 1.0, atol=1e-4)
+    assert main(args) == 0
+    assert "using cached" in capsys.readouterr().out
