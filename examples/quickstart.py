@@ -11,9 +11,7 @@ documents = [json.loads(line) for line in (here / "hotpotqa_docs.jsonl").read_te
 
 result = rag_opt.optimize(question, documents, ratio=1 / 3)
 print(result.context())
-print(
-    f"\n{result.tokens_before} -> {result.tokens_after} tokens ({result.ratio:.0%} kept), scorer: {result.scorer}"
-)
+print(f"\n{result.tokens_before} -> {result.tokens_after} tokens ({result.ratio:.0%} kept), scorer: {result.scorer}")
 for doc in result.documents:
     kept = sum(u.kept for u in doc.units)
     print(f"  {doc.id:<40} score={doc.score:.3f}  kept {kept}/{len(doc.units)} sentences")

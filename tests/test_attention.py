@@ -17,9 +17,7 @@ def _reference(proxy, docs, question):
     from rag_opt.attention import _token_units, render_prompt
     from rag_opt.proxy import converted_gguf_dir
 
-    eager = AutoModelForCausalLM.from_pretrained(
-        str(converted_gguf_dir(proxy.source)), attn_implementation="eager"
-    )
+    eager = AutoModelForCausalLM.from_pretrained(str(converted_gguf_dir(proxy.source)), attn_implementation="eager")
     layout = render_prompt(docs, question)
     enc = proxy.tokenizer(layout.text, return_offsets_mapping=True)
     ctx_pos, unit_of, q_rows = _token_units([tuple(o) for o in enc["offset_mapping"]], layout)

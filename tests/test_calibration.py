@@ -88,7 +88,17 @@ def test_calibrate_command_builds_caches_and_plots(tmp_path, capsys):
     from tests.conftest import data_path
 
     data_path("nq_multidoc", "public.jsonl.gz")
-    args = ["calibrate", "--n-docs", "3", "--contexts", "2", "--store", str(tmp_path), "--plot", str(tmp_path / "u.png")]
+    args = [
+        "calibrate",
+        "--n-docs",
+        "3",
+        "--contexts",
+        "2",
+        "--store",
+        str(tmp_path),
+        "--plot",
+        str(tmp_path / "u.png"),
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "wrote" in out and (tmp_path / "u.png").stat().st_size > 1000

@@ -75,9 +75,7 @@ def test_optimize_prints_context_and_savings(capsys):
 
     root = Path(__file__).resolve().parents[1] / "examples"
     question = (root / "hotpotqa_question.txt").read_text().strip()
-    code, out, err = run(
-        capsys, "optimize", "-q", question, "-i", str(root / "hotpotqa_docs.jsonl"), "--ratio", "0.33"
-    )
+    code, out, err = run(capsys, "optimize", "-q", question, "-i", str(root / "hotpotqa_docs.jsonl"), "--ratio", "0.33")
     assert code == 0
     assert "saved" in err and "tokens" in err
     assert out.strip()

@@ -253,9 +253,7 @@ def test_pathological_inputs_are_fast() -> None:
     assert time.perf_counter() - start < 10
 
 
-def test_sentencex_failure_falls_back(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_sentencex_failure_falls_back(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     import sentencex
 
     def boom(language: str, text: str) -> Any:
@@ -269,9 +267,7 @@ def test_sentencex_failure_falls_back(
     assert "sentencex failed" in caplog.text
 
 
-def test_inconsistent_offsets_fall_back(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_inconsistent_offsets_fall_back(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     import sentencex
 
     def bad(language: str, text: str) -> Any:

@@ -212,9 +212,7 @@ def test_hf_tokenizer_from_local_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     vocab = {"[UNK]": 0, "hello": 1, "world": 2, "<eos>": 3}
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=backend, unk_token="[UNK]", eos_token="<eos>"
-    )
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="<eos>")
     fast.save_pretrained(tmp_path)
     counter = get_token_counter(f"hf:{tmp_path}")
     assert counter.name == f"hf:{tmp_path}"

@@ -18,9 +18,7 @@ def test_accepts_strings_dicts_documents_and_langchain():
         ]
     )
     assert [d.text for d in docs] == ["plain text", "dict text", "ours", "lc text"]
-    assert (
-        docs[1].id == "7" and docs[1].metadata == {"a": 1} and docs[1].score == 0.5 and docs[1].title == "T"
-    )
+    assert docs[1].id == "7" and docs[1].metadata == {"a": 1} and docs[1].score == 0.5 and docs[1].title == "T"
     assert docs[3].metadata == {"source": "s"} and docs[3].id == "lc1"
 
 
