@@ -40,6 +40,11 @@ class _DocUnits:
     text_tokens: int  # the whole text (BPE merges across segments make it differ from the sum)
 
     @property
+    def candidates(self) -> list[bool]:
+        """Which units the scorer ranks: sentences and blocks, not the title or headings."""
+        return ([False] if self.title else []) + [k != "heading" for k in self.kinds]
+
+    @property
     def unit_texts(self) -> list[str]:
         texts = [self.doc.text[s:e] for s, e in self.spans]
         return ([f"{self.title}\n"] if self.title else []) + texts
@@ -199,47 +204,41 @@ class ContextOptimizer:
         elif target_tokens is not None:
             budget = target_tokens
 
-        # score
+        # score (when compressing below the input size, or when the ordering needs relevance)
         scores: list[list[float | None]] = [[None] * len(u.spans) for u in units]
         doc_scores: list[float | None] = [None] * len(units)
-        method = "none"
-        proxy_name = None
-        scorable = [i for i, u in enumerate(units) if u.spans]
-        if compress and any(len(units[i].spans) for i in scorable) and (budget is None or budget < tokens_before):
+        method, proxy_name = "none", None
+        shrink = compress and (budget is None or budget < tokens_before)
+        if shrink or ordering != "input":
             scorer = self.scorer()  # loading the model is not part of the score stage's timing
             t = time.perf_counter()
-            ctx = ContextUnits(
-                docs=[units[i].unit_texts for i in scorable],
-                candidate=[
-                    ([False] if units[i].title else []) + [k != "heading" for k in units[i].kinds] for i in scorable
-                ],
+            sc = scorer.score(
+                query, ContextUnits(docs=[u.unit_texts for u in units], candidate=[u.candidates for u in units])
             )
-            sc = scorer.score(query, ctx)
             method, proxy_name = sc.method, sc.model
             if method == "raw-attention":
                 warnings.append(
                     f"no probe for proxy model {proxy_name}: sentences were scored by raw attention (weaker)"
                 )
             pos = 0
-            for j, i in enumerate(scorable):
-                off = 1 if units[i].title else 0
-                vals = sc.unit[pos + off : pos + len(ctx.docs[j])]
-                scores[i] = [float(v) for v in vals]
-                doc_scores[i] = float(sc.doc[j])
-                pos += len(ctx.docs[j])
+            for i, u in enumerate(units):
+                n = len(u.unit_texts)
+                scores[i] = [float(v) for v in sc.unit[pos + n - len(u.spans) : pos + n]]
+                doc_scores[i] = float(sc.doc[i])
+                pos += n
             timings.score_ms = (time.perf_counter() - t) * 1e3
-        elif compress:
-            method = "none"
-            if budget is not None and budget >= tokens_before:
-                logger.debug("budget %s >= %s tokens: nothing to compress", budget, tokens_before)
 
         # select
         t = time.perf_counter()
-        kept = self._select(units, scores, budget, threshold, compress and method != "none", counter)
+        kept = (
+            self._select(units, scores, budget, threshold, counter)
+            if shrink
+            else [[True] * len(u.spans) for u in units]
+        )
         timings.select_ms = (time.perf_counter() - t) * 1e3
 
         out_docs = [self._output(i, u, scores[i], kept[i], doc_scores[i], counter) for i, u in enumerate(units)]
-        keep_doc = [any(k) for k in kept] if compress else [True] * len(units)
+        keep_doc = [any(k) for k in kept]
 
         # order
         t = time.perf_counter()
@@ -291,14 +290,8 @@ class ContextOptimizer:
         scores: list[list[float | None]],
         budget: int | None,
         threshold: float | None,
-        scored: bool,
         counter: TokenCounter,
     ) -> list[list[bool]]:
-        if not scored:
-            if budget is not None and budget < sum(u.title_tokens + u.text_tokens for u in units):
-                # nothing could be scored (e.g. every document empty) but a budget applies: keep nothing
-                return [[False] * len(u.spans) for u in units]
-            return [[True] * len(u.spans) for u in units]
         cands: list[Candidate] = []
         where: list[tuple[int, int]] = []  # (doc, segment) per candidate; segment -1 = title
         first_units: list[int] = []

@@ -129,3 +129,14 @@ def test_join_spans_keeps_words_apart():
     assert join_spans(text, [(0, 15), (20, 38)]) == "Super Junior-K. He is one of them."
     assert join_spans(text, [(0, 20), (40, 52)]) == "Super Junior-K.R.Y. Another one."  # whitespace already there
     assert join_spans(text, [(0, 52)]) == text
+
+
+@pytest.mark.model
+def test_ordering_without_compression_scores_but_keeps_everything():
+    ex = hotpot_dev(1)[0]
+    docs = hotpot_docs(ex)[:4]
+    r = rag_opt.optimize(ex["question"], docs, ordering="relevance")
+    assert r.scorer in ("probe", "raw-attention") and r.tokens_after == r.tokens_before
+    assert sorted(d.index for d in r.documents) == [0, 1, 2, 3]
+    assert [d.score for d in r.documents] == sorted((d.score for d in r.documents), reverse=True)
+    assert all(d.text == docs[d.index]["text"] for d in r.documents)
