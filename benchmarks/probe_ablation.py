@@ -23,7 +23,7 @@ import numpy as np
 
 from rag_opt.compressors.selection import Candidate, SelectionOptions, select
 from rag_opt.datasets import contains_answer, data_dir, read_hotpotqa
-from rag_opt.features import ALL_BLOCKS, ContextUnits, FeatureLayout, build_features
+from rag_opt.features import ALL_BLOCKS, DEFAULT_BLOCKS, ContextUnits, FeatureLayout, build_features
 from rag_opt.lexical import bm25_scores
 from rag_opt.tokens import get_token_counter
 from rag_opt.train import build_training_set, feature_cache_for, fit_probe, hotpot_units
@@ -85,6 +85,7 @@ def main() -> None:
     ap.add_argument("--dev-limit", type=int, default=300)
     ap.add_argument("--ratio", type=float, default=1 / 3)
     ap.add_argument("--l2", type=float, default=1e-3)
+    ap.add_argument("--only-full", action="store_true", help="only the default layout (e.g. for an l2 sweep)")
     ap.add_argument("--out", default=None, help="write results JSON here")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO)
@@ -117,8 +118,12 @@ def main() -> None:
         ("attn_last", "attn_question", "doc_attn_question"),
         ("lexical",),
         ("attn_last", "attn_question", "lexical"),
+        ("attn_last", "attn_question", "doc_attn_question", "lexical"),
+        ("attn_last_ctx", "attn_question_ctx", "doc_attn_question", "lexical"),
         ALL_BLOCKS,
     ]
+    if args.only_full:
+        variants = [DEFAULT_BLOCKS]
     for blocks in variants:
         layout = FeatureLayout(tuple(blocks), L, H)
         t = time.time()

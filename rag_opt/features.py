@@ -5,6 +5,8 @@ model or layout that does not match. Blocks:
 
 * ``attn_last`` / ``attn_question``: log attention (relative to uniform) per layer and head, from the final
   token's row and from the mean of the question tokens' rows (``layers × heads`` values each);
+* ``attn_last_ctx`` / ``attn_question_ctx``: the same, centred on the context's mean over its units (how much
+  more than its neighbours a unit is attended, per head);
 * ``doc_attn_question``: log share of attention on the unit's whole document, per layer and head, relative
   to an even share — lets the probe see which document a sentence belongs to;
 * ``lexical``: BM25 of the unit and of its document against the question (raw and relative to the context's
@@ -32,8 +34,15 @@ LEXICAL_NAMES = (
     "log_tokens",
     "position_in_doc",
 )
-ALL_BLOCKS = ("attn_last", "attn_question", "doc_attn_question", "lexical")
-DEFAULT_BLOCKS = ALL_BLOCKS
+ALL_BLOCKS = (
+    "attn_last",
+    "attn_question",
+    "attn_last_ctx",
+    "attn_question_ctx",
+    "doc_attn_question",
+    "lexical",
+)
+DEFAULT_BLOCKS = ("attn_last", "attn_question", "doc_attn_question", "lexical")
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,9 @@ def build_features(layout: FeatureLayout, attn: AttentionFeatures, question: str
             blocks.append(np.log(attn.unit[:, 0].reshape(n, -1) + EPS))
         elif block == "attn_question":
             blocks.append(np.log(attn.unit[:, 1].reshape(n, -1) + EPS))
+        elif block in ("attn_last_ctx", "attn_question_ctx"):
+            v = np.log(attn.unit[:, 0 if block == "attn_last_ctx" else 1].reshape(n, -1) + EPS)
+            blocks.append(v - v.mean(axis=0, keepdims=True))
         elif block == "doc_attn_question":
             blocks.append(np.log(attn.doc_mass[doc_of, 1].reshape(n, -1) * n_docs + EPS))
         elif block == "lexical":
