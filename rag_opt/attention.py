@@ -37,10 +37,11 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 VIEWS = ("last", "question")
+CONTEXT_PREFIX = "Documents:\n"  # takes the first position, whose attention-sink role would distort document 1
 QUESTION_PREFIX = "Question: "
 ANSWER_SUFFIX = "\nAnswer:"
 DOC_SEPARATOR = "\n\n"
-TEMPLATE_ID = "ctx-q-v1"  # changes whenever the prompt layout below changes (keys calibration caches)
+TEMPLATE_ID = "ctx-q-v2"  # changes whenever the prompt layout below changes (keys calibration caches)
 
 
 @dataclass(frozen=True)
@@ -56,12 +57,13 @@ class PromptLayout:
 def render_prompt(docs: Sequence[Sequence[str]], question: str) -> PromptLayout:
     """Render ``docs`` (each a sequence of unit strings, concatenated verbatim) and the question.
 
-    Layout: documents separated by a blank line, then ``Question: <question>`` and ``Answer:``.
+    Layout: ``Documents:``, the documents separated by a blank line, then ``Question: <question>`` and
+    ``Answer:``. The prefix keeps the model's attention sink (the first token) out of the documents.
     """
-    parts: list[str] = []
+    parts: list[str] = [CONTEXT_PREFIX]
     spans: list[tuple[int, int]] = []
     unit_doc: list[int] = []
-    pos = 0
+    pos = len(CONTEXT_PREFIX)
     for d, units in enumerate(docs):
         if d:
             parts.append(DOC_SEPARATOR)
@@ -286,7 +288,7 @@ def _plan_windows(
     if not all_units:
         raise ValueError("no context to score: every document is empty")
     lengths_flat = [len(x) for x in proxy.tokenizer(all_units, add_special_tokens=False)["input_ids"]]
-    overhead = len(proxy.tokenizer(QUESTION_PREFIX + question + ANSWER_SUFFIX)["input_ids"]) + 8
+    overhead = len(proxy.tokenizer(CONTEXT_PREFIX + QUESTION_PREFIX + question + ANSWER_SUFFIX)["input_ids"]) + 8
     budget = max(max_tokens - overhead, 64)
     windows: list[list[tuple[int, int, int]]] = [[]]
     used = 0

@@ -30,8 +30,9 @@ def hotpot_units(ex: HotpotExample) -> list[list[str]]:
 
 
 def feature_cache_for(root: str | Path, model_name: str, dataset: str) -> FeatureCache:
+    """The cache of one (model, prompt template, dataset): features of another template never mix in."""
     safe = model_name.replace(":", "-").replace("/", "-")
-    return FeatureCache(Path(root) / safe / dataset)
+    return FeatureCache(Path(root) / safe / TEMPLATE_ID / dataset)
 
 
 def extract_hotpot(

@@ -462,7 +462,12 @@ def test_fail_open_on_time_budget(upstream, optimizer, up):
         assert elapsed < 5  # the client did not wait for the optimization
         metrics = parse_metrics(httpx.get(f"{url}/metrics").text)
         assert metrics['ragopt_fail_open_total{reason="timeout"}'] == 1
-        state.executor.submit(lambda: None).result()  # let the abandoned optimization finish
+        deadline = time.monotonic() + 300
+        while state.pool.gauges()[1] and time.monotonic() < deadline:  # let the abandoned optimization finish
+            time.sleep(0.05)
+        metrics = parse_metrics(httpx.get(f"{url}/metrics").text)
+        assert metrics['ragopt_optimizer_timeouts_total{stage="running"}'] == 1
+        assert metrics["ragopt_optimizer_abandoned_finished_total"] == 1
 
 
 # -- metrics ----------------------------------------------------------------------------------------------------
@@ -572,10 +577,10 @@ def test_dropped_blocks_go_with_their_separator(kept, expected):
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
-        (b'{"rag_opt": {}, "a": 1}', b'{"a": 1}'),
-        (b'{"a": 1 , "rag_opt" : {"ratio": 0.5} }', b'{"a": 1 }'),
-        (b'{"a": 1, "rag_opt": {}, "b": [2.50]}', b'{"a": 1, "b": [2.50]}'),
-        (b'{ "rag_opt": {"enabled": false} }', b"{}"),
+        (b'{"rag_opt": {}, "messages": []}', b'{"messages": []}'),
+        (b'{"messages": [] , "rag_opt" : {"ratio": 0.5} }', b'{"messages": [] }'),
+        (b'{"messages": [], "rag_opt": {}, "b": [2.50]}', b'{"messages": [], "b": [2.50]}'),
+        (b'{ "rag_opt": {"enabled": false}, "rag_opt": {}, "messages": [ ] }', b'{ "messages": [ ] }'),
     ],
 )
 def test_extension_field_is_removed_leaving_the_other_bytes(body, expected):
@@ -583,10 +588,27 @@ def test_extension_field_is_removed_leaving_the_other_bytes(body, expected):
     assert plan is not None and plan.render(None) == expected
 
 
-def test_not_json_or_not_an_object_is_forwarded_as_is():
-    assert plan_request(b"not json", {}) is None
-    assert plan_request(b"[1, 2]", {}) is None
-    assert plan_request(b'{"x": "\xff"}', {}) is None
+@pytest.mark.parametrize(
+    ("body", "code", "message"),
+    [
+        (b"not json", "invalid_json", "not valid JSON"),
+        (b"[1, 2]", "invalid_json", "must be a JSON object, got an array"),
+        (b'{"x": "\xff"}', "invalid_encoding", "not valid UTF-8"),
+        (b'{"model": "m"}', "missing_required_parameter", "'messages'"),
+        (b'{"messages": {"role": "user"}}', "invalid_type", "'messages' must be an array"),
+        (b'{"messages": [{"content": "hi"}]}', "missing_required_parameter", "messages[0].role is missing"),
+        (b'{"messages": [{"role": "user", "content": 5}]}', "invalid_type", "messages[0].content must be"),
+        (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}', "invalid_type", "text must"),
+        (b"[" * 100_000 + b"]" * 100_000, "invalid_json", ""),
+    ],
+)
+def test_invalid_bodies_are_clear_client_errors(body, code, message):
+    with pytest.raises(RequestError, match=re.escape(message)) as exc:
+        plan_request(body, {})
+    assert exc.value.code == code
+
+
+def test_unknown_rag_opt_header_is_an_error():
     with pytest.raises(RequestError, match="x-ragopt-nope"):
         plan_request(b"{}", {"X-RagOpt-Nope": "1"})
 
@@ -643,7 +665,7 @@ def test_rag_opt_serve_command_runs_the_proxy(upstream, up):
             except httpx.TransportError:
                 assert proc.poll() is None and time.monotonic() < deadline, "rag-opt serve did not start"
                 time.sleep(0.2)
-        assert health.json() == {"status": "ok", "optimizer": "cold"}
+        assert health.json() == {"status": "ok", "optimizer": "cold", "mode": "optimizing"}
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
         assert [m.id for m in c.models.list()] == ["fake-llm"]
     finally:

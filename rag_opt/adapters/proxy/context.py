@@ -8,12 +8,17 @@ removed), unless the request's ``rag_opt.query`` gives one. Context is, in this 
    message, and ``tool``/``function`` messages after it (the current turn). A block's text between its tags
    (leading and trailing whitespace kept aside) is one document, optimized in place: kept sentences verbatim,
    dropped documents removed with their tags, and with a re-ordering, whole blocks move between the block
-   positions of the same message text.
+   positions of the same message text. An empty block (nothing but whitespace between the tags) is not a
+   document: it is forwarded as it is and keeps its place.
 2. ``tool``/``function`` messages of the current turn without blocks whose text is at least
    ``tool_min_chars`` long: the whole text is one document.
 3. ``rag_opt.documents`` in the request's extension field: rendered as ``<document id=".." title="..">``
    blocks at the start of the last user message (``placement: "user"``, the default) or at the end of the
    first system message (``placement: "system"``); the ``rag_opt`` field is always removed before forwarding.
+   Empty ones are rendered as they are, in their place, and not optimized.
+
+A body that is not UTF-8 JSON, not an object, or whose ``messages`` are missing or malformed is a client error
+(:class:`RequestError`, answered with an OpenAI-style 400); rag-opt validates only the structure it reads.
 
 Everything else is forwarded byte for byte: the new request body is the original bytes with only the changed
 JSON string values replaced (and the ``rag_opt`` member removed, the extension documents inserted), so key
@@ -266,6 +271,8 @@ class ContextPlan:
     documents: list[Found] = field(default_factory=list)
     containers: list[Container] = field(default_factory=list)
     has_extension_field: bool = False
+    # the extension documents in request order: an index into ``documents``, or an empty document (not optimized)
+    extension: list[int | Found] = field(default_factory=list)
 
     def optimizer_documents(self) -> list[dict[str, Any]]:
         """The documents to pass to ``ContextOptimizer.optimize`` (index i = ``documents[i]``)."""
@@ -288,8 +295,15 @@ class ContextPlan:
             new = self._container_text(c_idx, c, order, kept, texts)
             if new != c.text:
                 values[(c.message, c.part)] = new
-        ext_docs = [i for i in order if self.documents[i].container is None]
-        ext_text = "\n".join(_render_block(self.tag, self.documents[i], texts[i]) for i in ext_docs)
+        ext_movers = iter([i for i in order if self.documents[i].container is None])  # kept, in output order
+        ext_blocks: list[str] = []
+        for slot in self.extension:  # empty documents keep their place; kept ones fill the others in order
+            if isinstance(slot, Found):
+                ext_blocks.append(_render_block(self.tag, slot, slot.text))
+            elif slot in kept:
+                j = next(ext_movers)
+                ext_blocks.append(_render_block(self.tag, self.documents[j], texts[j]))
+        ext_text = "\n".join(ext_blocks)
         if not values and not ext_text and not self.has_extension_field:
             return self.raw
         return _Rewriter(self.raw.decode("utf-8"), self.body).rewrite(
@@ -357,6 +371,88 @@ def _apply(text: str, edits: Sequence[tuple[int, int, str]]) -> str:
     return "".join(out)
 
 
+def _check_messages(messages: Any) -> None:
+    """The structure rag-opt relies on: ``messages`` is a list of objects with a string ``role`` and a
+    ``content`` that is absent, null, a string or a list of objects (whose ``text``, for ``type: "text"``
+    parts, is a string). Everything else in the request is the upstream's to validate."""
+    if not isinstance(messages, list):
+        raise RequestError(
+            f"'messages' must be an array of message objects, got {_json_type(messages)}", "messages", "invalid_type"
+        )
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise RequestError(f"{where} must be an object, got {_json_type(m)}", where, "invalid_type")
+        if "role" not in m:
+            raise RequestError(f"{where}.role is missing", f"{where}.role", "missing_required_parameter")
+        if not isinstance(m["role"], str):
+            raise RequestError(
+                f"{where}.role must be a string, got {_json_type(m['role'])}", f"{where}.role", "invalid_type"
+            )
+        content = m.get("content")
+        if content is None or isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            raise RequestError(
+                f"{where}.content must be a string, an array of content parts or null, got {_json_type(content)}",
+                f"{where}.content",
+                "invalid_type",
+            )
+        for j, part in enumerate(content):
+            pwhere = f"{where}.content[{j}]"
+            if not isinstance(part, dict):
+                raise RequestError(f"{pwhere} must be an object, got {_json_type(part)}", pwhere, "invalid_type")
+            if part.get("type") == "text" and not isinstance(part.get("text"), str):
+                raise RequestError(
+                    f"{pwhere}.text must be a string, got {_json_type(part.get('text'))}",
+                    f"{pwhere}.text",
+                    "invalid_type",
+                )
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__  # pragma: no cover
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """Decode a chat completion request body; :class:`RequestError` (an OpenAI-style 400) when it is not UTF-8,
+    not JSON, not an object, or its ``messages`` are missing or malformed (see :func:`_check_messages`)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(
+            f"the request body is not valid UTF-8 (byte {exc.start}): send JSON encoded as UTF-8",
+            code="invalid_encoding",
+        ) from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RequestError(
+            f"the request body is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
+            code="invalid_json",
+        ) from None
+    except RecursionError:
+        raise RequestError("the request body is nested too deeply", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, got {_json_type(body)}", code="invalid_json")
+    if "messages" not in body:
+        raise RequestError("missing required parameter 'messages'", "messages", "missing_required_parameter")
+    _check_messages(body["messages"])
+    return body
+
+
 def plan_request(
     raw: bytes,
     headers: Mapping[str, str],
@@ -364,19 +460,14 @@ def plan_request(
     tag: str = "document",
     tool_messages: bool = True,
     tool_min_chars: int = 2000,
-) -> ContextPlan | None:
+) -> ContextPlan:
     """Find the context of a chat completion request body.
 
-    Returns None when the body is not a UTF-8 JSON object (forward it untouched: the upstream answers it).
-    Raises :class:`RequestError` for an invalid ``rag_opt`` field or ``x-ragopt-*`` header.
+    Raises :class:`RequestError` for a body that is not a valid chat completion request (see
+    :func:`parse_body`), an invalid ``rag_opt`` field or ``x-ragopt-*`` header.
     """
     opts = header_options(headers)
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-    if not isinstance(body, dict):
-        return None
+    body = parse_body(raw)
     ext_docs: list[Any] = []
     has_ext = EXTENSION_FIELD in body
     if has_ext:
@@ -389,8 +480,7 @@ def plan_request(
 
     pattern = block_pattern(tag)
     plan = ContextPlan(raw=raw, body=body, tag=tag, query=None, options=options, has_extension_field=has_ext)
-    messages = body.get("messages")
-    messages = messages if isinstance(messages, list) else []
+    messages = body["messages"]
     users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
     last_user = users[-1] if users else None
     for i, m in enumerate(messages):
@@ -428,11 +518,15 @@ def plan_request(
                     Found(text=core, container=len(plan.containers) - 1, start=0, end=len(text), lead=lead, trail=trail)
                 )
     for d in ext_docs:
+        if not d.text.strip():  # an empty document is forwarded as it is, not optimized
+            plan.extension.append(Found(text=d.text, id=d.id, title=d.title))
+            continue
         extra: dict[str, Any] = {}
         if d.metadata:
             extra["metadata"] = d.metadata
         if d.score is not None:
             extra["score"] = d.score
+        plan.extension.append(len(plan.documents))
         plan.documents.append(Found(text=d.text, id=d.id, title=d.title, extra=extra))
 
     if options.query is not None:

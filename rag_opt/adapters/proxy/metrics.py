@@ -1,20 +1,55 @@
 """The proxy's counters, rendered in the Prometheus text exposition format (version 0.0.4).
 
-Updated from the event loop and read by ``GET /metrics``; a lock keeps a scrape consistent anyway.
+Updated from the event loop and the optimizer's worker threads and read by ``GET /metrics``; a lock keeps every
+update and a scrape consistent.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# outcomes of a chat completion request (also the x-ragopt-status response header)
-OUTCOMES = ("optimized", "no_context", "no_query", "disabled", "fail_open", "rejected")
-FAIL_OPEN_REASONS = ("error", "timeout")
-UPSTREAM_ERRORS = ("connect", "timeout", "stream")
+# outcomes of a chat completion request (also the x-ragopt-status response header); "overloaded" = answered 429
+OUTCOMES = ("optimized", "no_context", "no_query", "disabled", "fail_open", "rejected", "overloaded")
+# why a request was forwarded unoptimized: the optimizer raised; the time budget ran out (waiting or running);
+# the optimizer was overloaded (queue full, or the estimated wait + run exceeded the budget); the proxy model
+# failed to load at start-up (pass-through mode)
+FAIL_OPEN_REASONS = ("error", "timeout", "overload", "unavailable")
+SHED_REASONS = ("queue_full", "estimate")
+TIMEOUT_STAGES = ("queued", "running")
+UPSTREAM_ERRORS = ("connect", "timeout", "stream", "invalid_response")
+# requests the proxy answered itself with a 4xx before forwarding
+LOCAL_ERRORS = ("invalid_request", "unauthorized", "too_large")
+OPTIMIZER_STATES = ("cold", "loading", "ready", "failed")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Histogram:
+    """A cumulative Prometheus histogram."""
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        for i, le in enumerate(self.buckets):
+            if value <= le:
+                self.counts[i] += 1
+        self.sum += value
+        self.count += 1
+
+    def lines(self, name: str) -> list[str]:
+        out = [f'{name}_bucket{{le="{le}"}} {n}' for le, n in zip(self.buckets, self.counts, strict=True)]
+        out.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
+        out.append(f"{name}_sum {self.sum:.6f}")
+        out.append(f"{name}_count {self.count}")
+        return out
 
 
 class Metrics:
@@ -25,16 +60,22 @@ class Metrics:
         self.requests: Counter[str] = Counter()  # by route: chat_completions, passthrough
         self.outcomes: Counter[str] = Counter()
         self.fail_open: Counter[str] = Counter()
+        self.shed: Counter[str] = Counter()
+        self.timeouts: Counter[str] = Counter()
+        self.local_errors: Counter[str] = Counter()
         self.upstream_errors: Counter[str] = Counter()
         self.upstream_responses: Counter[str] = Counter()  # by status code
         self.tokens_before = 0
         self.tokens_after = 0
         self.documents_before = 0
         self.documents_after = 0
-        self.in_flight = 0
-        self._latency_buckets = [0] * len(LATENCY_BUCKETS)
-        self._latency_sum = 0.0
-        self._latency_count = 0
+        self.in_flight = 0  # chat requests waiting for or running an optimization
+        self.abandoned_finished = 0  # optimizations that finished after their request had given up
+        self._latency = Histogram(LATENCY_BUCKETS)
+        self._queue_wait = Histogram(WAIT_BUCKETS)
+        # pool gauges, read at scrape time: (queued, busy, workers, queue limit)
+        self.pool_gauges: Callable[[], tuple[int, int, int, int]] = lambda: (0, 0, 0, 0)
+        self.optimizer_state: Callable[[], str] = lambda: "cold"
 
     def request(self, route: str) -> None:
         with self._lock:
@@ -48,6 +89,18 @@ class Metrics:
         with self._lock:
             self.fail_open[reason] += 1
 
+    def shed_load(self, reason: str) -> None:
+        with self._lock:
+            self.shed[reason] += 1
+
+    def timed_out(self, stage: str) -> None:
+        with self._lock:
+            self.timeouts[stage] += 1
+
+    def local_error(self, kind: str) -> None:
+        with self._lock:
+            self.local_errors[kind] += 1
+
     def upstream_error(self, kind: str) -> None:
         with self._lock:
             self.upstream_errors[kind] += 1
@@ -55,6 +108,18 @@ class Metrics:
     def upstream_response(self, status: int) -> None:
         with self._lock:
             self.upstream_responses[str(status)] += 1
+
+    def queue_wait(self, seconds: float) -> None:
+        with self._lock:
+            self._queue_wait.observe(seconds)
+
+    def abandoned_done(self) -> None:
+        with self._lock:
+            self.abandoned_finished += 1
+
+    def add_in_flight(self, n: int) -> None:
+        with self._lock:
+            self.in_flight += n
 
     def optimization(
         self, seconds: float, tokens_before: int, tokens_after: int, docs_before: int, docs_after: int
@@ -65,17 +130,12 @@ class Metrics:
             self.tokens_after += tokens_after
             self.documents_before += docs_before
             self.documents_after += docs_after
-            self._observe(seconds)
-
-    def _observe(self, seconds: float) -> None:
-        for i, le in enumerate(LATENCY_BUCKETS):
-            if seconds <= le:
-                self._latency_buckets[i] += 1
-        self._latency_sum += seconds
-        self._latency_count += 1
+            self._latency.observe(seconds)
 
     def render(self) -> str:
         """All metrics in the Prometheus text format."""
+        queued, busy, workers, queue_limit = self.pool_gauges()
+        state = self.optimizer_state()
         with self._lock:
             out: list[str] = []
 
@@ -89,9 +149,32 @@ class Metrics:
             family("ragopt_chat_requests_total", "counter", "Chat completion requests by what rag-opt did.")
             for o in OUTCOMES:
                 out.append(f'ragopt_chat_requests_total{{outcome="{o}"}} {self.outcomes[o]}')
-            family("ragopt_fail_open_total", "counter", "Requests forwarded unchanged because optimization failed.")
+            family("ragopt_fail_open_total", "counter", "Requests forwarded unoptimized, by reason.")
             for r in FAIL_OPEN_REASONS:
                 out.append(f'ragopt_fail_open_total{{reason="{r}"}} {self.fail_open[r]}')
+            family(
+                "ragopt_optimizer_shed_total",
+                "counter",
+                "Optimizations not admitted: queue full, or estimated wait + run over the time budget.",
+            )
+            for r in SHED_REASONS:
+                out.append(f'ragopt_optimizer_shed_total{{reason="{r}"}} {self.shed[r]}')
+            family(
+                "ragopt_optimizer_timeouts_total",
+                "counter",
+                "Optimizations over the time budget: still queued (never run) or running (left to finish).",
+            )
+            for st in TIMEOUT_STAGES:
+                out.append(f'ragopt_optimizer_timeouts_total{{stage="{st}"}} {self.timeouts[st]}')
+            family(
+                "ragopt_optimizer_abandoned_finished_total",
+                "counter",
+                "Timed-out optimizations that later finished on their worker (result discarded).",
+            )
+            out.append(f"ragopt_optimizer_abandoned_finished_total {self.abandoned_finished}")
+            family("ragopt_local_errors_total", "counter", "Requests answered by the proxy with a 4xx, by kind.")
+            for k in LOCAL_ERRORS:
+                out.append(f'ragopt_local_errors_total{{kind="{k}"}} {self.local_errors[k]}')
             family("ragopt_tokens_before_total", "counter", "Context tokens before optimization (target tokenizer).")
             out.append(f"ragopt_tokens_before_total {self.tokens_before}")
             family("ragopt_tokens_after_total", "counter", "Context tokens after optimization (target tokenizer).")
@@ -101,14 +184,25 @@ class Metrics:
             family("ragopt_documents_after_total", "counter", "Context documents kept (not dropped).")
             out.append(f"ragopt_documents_after_total {self.documents_after}")
             family("ragopt_optimizer_latency_seconds", "histogram", "Optimizer latency of finished optimizations.")
-            for le, n in zip(LATENCY_BUCKETS, self._latency_buckets, strict=True):
-                out.append(f'ragopt_optimizer_latency_seconds_bucket{{le="{le}"}} {n}')
-            out.append(f'ragopt_optimizer_latency_seconds_bucket{{le="+Inf"}} {self._latency_count}')
-            out.append(f"ragopt_optimizer_latency_seconds_sum {self._latency_sum:.6f}")
-            out.append(f"ragopt_optimizer_latency_seconds_count {self._latency_count}")
-            family("ragopt_optimizations_in_flight", "gauge", "Optimizations waiting or running now.")
+            out += self._latency.lines("ragopt_optimizer_latency_seconds")
+            family(
+                "ragopt_optimizer_queue_wait_seconds", "histogram", "Time admitted optimizations waited for a worker."
+            )
+            out += self._queue_wait.lines("ragopt_optimizer_queue_wait_seconds")
+            family("ragopt_optimizations_in_flight", "gauge", "Chat requests waiting for or running an optimization.")
             out.append(f"ragopt_optimizations_in_flight {self.in_flight}")
-            family("ragopt_upstream_errors_total", "counter", "Upstream failures: connect, timeout, broken stream.")
+            family("ragopt_optimizer_queue_depth", "gauge", "Optimizations admitted and waiting for a worker.")
+            out.append(f"ragopt_optimizer_queue_depth {queued}")
+            family("ragopt_optimizer_queue_limit", "gauge", "Most optimizations that may wait for a worker.")
+            out.append(f"ragopt_optimizer_queue_limit {queue_limit}")
+            family("ragopt_optimizer_workers_busy", "gauge", "Workers running an optimization (timed-out ones too).")
+            out.append(f"ragopt_optimizer_workers_busy {busy}")
+            family("ragopt_optimizer_workers", "gauge", "Optimizer worker threads (--max-concurrency).")
+            out.append(f"ragopt_optimizer_workers {workers}")
+            family("ragopt_optimizer_state", "gauge", "1 for the proxy model's current state (failed: pass-through).")
+            for st in OPTIMIZER_STATES:
+                out.append(f'ragopt_optimizer_state{{state="{st}"}} {int(st == state)}')
+            family("ragopt_upstream_errors_total", "counter", "Upstream failures by kind.")
             for k in UPSTREAM_ERRORS:
                 out.append(f'ragopt_upstream_errors_total{{kind="{k}"}} {self.upstream_errors[k]}')
             family("ragopt_upstream_responses_total", "counter", "Upstream responses relayed, by status code.")

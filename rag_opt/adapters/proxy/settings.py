@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
@@ -18,6 +18,11 @@ ENV_PREFIX = "RAG_OPT_"
 DEFAULT_RATIO = 0.5
 _BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")
 _CLI_FLAGS = {"proxy_model": "--model"}  # where a command-line flag is not --<field-name>
+
+
+def redact_url(url: str) -> str:
+    """``url`` without the user-info part (``http://user:secret@host`` -> ``http://***@host``), for logs."""
+    return re.sub(r"^(https?://)[^/@\s]*@", r"\1***@", url)
 
 
 class ProxySettings(BaseModel):
@@ -51,10 +56,21 @@ class ProxySettings(BaseModel):
     tool_min_chars: int = Field(default=2000, ge=1, description="a tool message is context from this many chars")
     # behaviour
     time_budget_ms: float = Field(default=10_000.0, gt=0, description="optimizer time budget; over it: fail open")
-    max_concurrency: int = Field(default=1, ge=1, description="optimizations running at once")
+    max_concurrency: int = Field(default=1, ge=1, description="optimizations running at once (worker threads)")
+    max_queue: int = Field(default=8, ge=0, description="optimizations waiting for a worker; beyond: overload")
+    on_overload: Literal["fail-open", "reject"] = Field(
+        default="fail-open", description="when the optimizer is overloaded: forward unoptimized, or answer 429"
+    )
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1, description="larger request bodies get a 413")
     connect_timeout: float = Field(default=10.0, gt=0, description="seconds to connect to the upstream")
     read_timeout: float = Field(default=600.0, gt=0, description="seconds between bytes from the upstream")
     warmup: bool = Field(default=True, description="load the proxy model at start-up (in the background)")
+    trust_remote_code: bool = Field(default=False, description="let transformers run a hub model's own code")
+    # security
+    api_key: SecretStr | None = Field(
+        default=None, description="when set, clients must present this proxy key (never logged, never forwarded)"
+    )
+    log_bodies: bool = Field(default=False, description="log request/response bodies (credentials redacted)")
 
     @field_validator("upstream")
     @classmethod
@@ -63,6 +79,15 @@ class ProxySettings(BaseModel):
         if not re.match(r"^https?://[^/\s]+", v):
             raise ValueError(f"must be an http(s) URL such as http://localhost:8080/v1, got {v!r}")
         return v.rstrip("/")
+
+    @field_validator("api_key", "upstream_api_key")
+    @classmethod
+    def _key(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and (not v.get_secret_value() or v.get_secret_value() != v.get_secret_value().strip()):
+            raise ValueError("must be a non-empty key without surrounding whitespace")
+        if v is not None and not v.get_secret_value().isprintable():
+            raise ValueError("must be printable characters")
+        return v
 
     @field_validator("document_tag")
     @classmethod

@@ -1,0 +1,194 @@
+"""The proxy's front door: the optional proxy access key, the request size limit, the access log, and the
+redaction used by ``--log-bodies``.
+
+The proxy key (``--api-key`` / ``RAG_OPT_API_KEY``) is accepted as ``X-RagOpt-Api-Key: <key>`` or as
+``Authorization: Bearer <key>`` and compared in constant time (:func:`hmac.compare_digest`). Neither reaches
+the upstream: ``X-RagOpt-Api-Key`` is always removed, and an ``Authorization`` header that carries the proxy key
+is removed (the upstream then gets ``--upstream-api-key`` when one is configured, else no ``Authorization``).
+``GET /healthz`` is open (liveness probes; it says nothing but the proxy's state); everything else, ``/metrics``
+included, needs the key when one is set.
+
+Credentials are never logged: the access log has the method, the path without its query string, the status and
+the time; request and response bodies are logged only with ``--log-bodies``, and then through :func:`redact`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import time
+from collections.abc import Iterable
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from rag_opt.adapters.proxy.metrics import Metrics
+
+access_log = logging.getLogger("rag_opt.adapters.proxy.access")
+body_log = logging.getLogger("rag_opt.adapters.proxy.bodies")
+
+KEY_HEADER = b"x-ragopt-api-key"
+OPEN_PATHS = frozenset({"/healthz"})
+SENSITIVE_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "api-key",
+        "x-api-key",
+        "x-ragopt-api-key",
+        "cookie",
+        "set-cookie",
+        "openai-organization",
+        "openai-project",
+    }
+)
+LOG_BODY_LIMIT = 64 * 1024  # characters of a body that --log-bodies writes
+
+_JSON_SECRET = re.compile(
+    r'("(?:[^"\\]|\\.)*?(?:api[_-]?key|apikey|authorization|password|passwd|secret|token|credential)'
+    r'(?:[^"\\]|\\.)*"\s*:\s*)"(?:[^"\\]|\\.)*"',
+    re.IGNORECASE,
+)
+_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
+_KEY_LIKE = re.compile(r"\b(sk|pk|rk|sess)-[A-Za-z0-9_-]{8,}")
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with credentials replaced by ``[redacted]``: the given secret values, JSON members whose name
+    looks like a credential (``api_key``, ``authorization``, ``token``, ``password``, ``secret``...),
+    ``Bearer``/``Basic`` credentials and ``sk-...``-style keys."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[redacted]")
+    text = _JSON_SECRET.sub(r'\1"[redacted]"', text)
+    text = _BEARER.sub(r"\1 [redacted]", text)
+    return _KEY_LIKE.sub(r"\1-[redacted]", text)
+
+
+def redact_headers(headers: Iterable[tuple[bytes, bytes]], secrets: Iterable[str] = ()) -> str:
+    """Headers as ``name: value`` lines for a log, credential headers replaced by ``[redacted]``."""
+    secrets = tuple(secrets)
+    lines = []
+    for k, v in headers:
+        name = k.decode("latin-1").lower()
+        value = "[redacted]" if name in SENSITIVE_HEADERS else redact(v.decode("latin-1"), secrets)
+        lines.append(f"{name}: {value}")
+    return "; ".join(lines)
+
+
+def body_for_log(body: bytes, secrets: Iterable[str] = ()) -> str:
+    """A body for ``--log-bodies``: decoded, redacted and cut to :data:`LOG_BODY_LIMIT` characters."""
+    text = body.decode("utf-8", errors="replace")
+    cut = len(text) > LOG_BODY_LIMIT
+    text = redact(text[:LOG_BODY_LIMIT], secrets)
+    return json.dumps(text, ensure_ascii=False) + (f" ... ({len(body)} bytes in all)" if cut else "")
+
+
+def _error_body(message: str, type_: str, code: str) -> bytes:
+    return json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
+
+
+class Guard:
+    """ASGI middleware in front of the proxy app: key check, size limit on the declared length, access log."""
+
+    def __init__(
+        self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, metrics: Metrics, secrets: tuple[str, ...]
+    ) -> None:
+        self.app = app
+        self.key = api_key.encode("utf-8") if api_key else None
+        self.max_body_bytes = max_body_bytes
+        self.metrics = metrics
+        self.secrets = secrets
+
+    def authorize(self, headers: list[tuple[bytes, bytes]]) -> tuple[bool, list[tuple[bytes, bytes]]]:
+        """(authorized, the headers without the proxy key). Without a configured key everyone is authorized."""
+        presented_header: bytes | None = None
+        presented_bearer: bytes | None = None
+        for k, v in headers:
+            name = k.lower()
+            if name == KEY_HEADER:
+                presented_header = v.strip()
+            elif name == b"authorization":
+                scheme, _, cred = v.strip().partition(b" ")
+                if scheme.lower() == b"bearer":
+                    presented_bearer = cred.strip()
+        key = self.key
+        by_header = by_bearer = False
+        if key is not None:
+            # both compared, each in constant time: no early exit reveals which one (or how much) matched
+            by_header = hmac.compare_digest(presented_header or b"", key) and presented_header is not None
+            by_bearer = hmac.compare_digest(presented_bearer or b"", key) and presented_bearer is not None
+        kept = [
+            (k, v) for k, v in headers if k.lower() != KEY_HEADER and not (by_bearer and k.lower() == b"authorization")
+        ]
+        return key is None or by_header or by_bearer, kept
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = [0]
+
+        async def send_logged(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self._handle(scope, receive, send_logged)
+        finally:
+            client = scope.get("client")
+            access_log.info(
+                "%s %s %s %s %.1fms",
+                client[0] if client else "-",
+                scope["method"],
+                scope["path"],  # never the query string: it may carry credentials
+                status[0] or "-",
+                (time.perf_counter() - t0) * 1e3,
+            )
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ok, headers = self.authorize(list(scope["headers"]))
+        scope = {**scope, "headers": headers}
+        if not ok and scope["path"] not in OPEN_PATHS:
+            self.metrics.local_error("unauthorized")
+            body = _error_body(
+                "missing or incorrect rag-opt proxy key: send it as 'Authorization: Bearer <key>' or "
+                "'X-RagOpt-Api-Key: <key>'",
+                "invalid_request_error",
+                "invalid_api_key",
+            )
+            await _send_json(send, 401, body, [(b"www-authenticate", b'Bearer realm="rag-opt"')])
+            return
+        declared = [v for k, v in headers if k.lower() == b"content-length"]
+        if declared:
+            try:
+                length = int(declared[-1])
+                if length < 0:
+                    raise ValueError
+            except ValueError:
+                self.metrics.local_error("invalid_request")
+                body = _error_body("invalid Content-Length header", "invalid_request_error", "invalid_request")
+                await _send_json(send, 400, body)
+                return
+            if length > self.max_body_bytes:
+                self.metrics.local_error("too_large")
+                await _send_json(send, 413, too_large_body(self.max_body_bytes))
+                return
+        await self.app(scope, receive, send)
+
+
+def too_large_body(limit: int) -> bytes:
+    return _error_body(
+        f"the request body exceeds the proxy's limit of {limit} bytes (--max-body-bytes)",
+        "invalid_request_error",
+        "request_too_large",
+    )
+
+
+async def _send_json(send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
