@@ -179,10 +179,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="never optimize tool messages",
     )
     p.add_argument("--time-budget-ms", type=float, help="optimizer time budget; over it the request is forwarded as is")
-    p.add_argument("--max-concurrency", type=int, help="optimizations running at once (default 1)")
+    p.add_argument("--max-concurrency", type=int, help="optimizations running at once (worker threads, default 1)")
+    p.add_argument("--max-queue", type=int, help="optimizations that may wait for a worker (default 8)")
+    p.add_argument(
+        "--on-overload",
+        choices=["fail-open", "reject"],
+        help="when the optimizer is overloaded: forward unoptimized (fail-open, default) or answer 429 (reject)",
+    )
+    p.add_argument("--max-body-bytes", type=int, help="larger request bodies get a 413 (default 33554432 = 32 MiB)")
     p.add_argument("--connect-timeout", type=float, help="seconds to connect to the upstream (default 10)")
     p.add_argument("--read-timeout", type=float, help="seconds between bytes from the upstream (default 600)")
     p.add_argument("--no-warmup", dest="warmup", action="store_const", const=False, help="load the model lazily")
+    p.add_argument(
+        "--api-key",
+        help="proxy access key: clients send 'Authorization: Bearer KEY' or 'X-RagOpt-Api-Key: KEY' "
+        "(prefer RAG_OPT_API_KEY: argv is visible)",
+    )
+    p.add_argument(
+        "--log-bodies",
+        action="store_const",
+        const=True,
+        help="log request and response bodies, credentials redacted (off by default)",
+    )
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_const",
+        const=True,
+        help="let transformers run a hub proxy model's own Python code (off by default)",
+    )
     _add_model_args(p)
     return parser
 
@@ -380,9 +404,11 @@ def _cmd_train_probe(args: argparse.Namespace) -> int:
 
 _SERVE_OPTIONS = (
     "upstream", "host", "port", "upstream_api_key", "ratio", "target_tokens", "threshold", "ordering", "target",
-    "probe", "document_tag", "tool_min_chars", "tool_messages", "time_budget_ms", "max_concurrency",
-    "connect_timeout", "read_timeout", "warmup", "device", "dtype",
+    "probe", "document_tag", "tool_min_chars", "tool_messages", "time_budget_ms", "max_concurrency", "max_queue",
+    "on_overload", "max_body_bytes", "connect_timeout", "read_timeout", "warmup", "device", "dtype", "api_key",
+    "log_bodies", "trust_remote_code",
 )  # fmt: skip
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -392,23 +418,38 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ImportError:
         raise UserError("rag-opt serve needs the server extra: pip install 'rag-opt[server]'") from None
     from rag_opt.adapters.proxy.app import create_app
-    from rag_opt.adapters.proxy.settings import ProxySettings
+    from rag_opt.adapters.proxy.settings import ProxySettings, redact_url
 
     cli = {k: getattr(args, k, None) for k in _SERVE_OPTIONS}
     settings = ProxySettings.from_sources({**cli, "proxy_model": args.model})
+    if settings.probe not in (None, "auto", "none"):  # validate a probe file before serving (not at first use)
+        from rag_opt.probe import Probe
+
+        Probe.load(settings.probe)
     app = create_app(settings)
     logging.getLogger("rag_opt").setLevel(min(logging.getLogger().getEffectiveLevel(), logging.INFO))
     budget = ", ".join(f"{k}={v}" for k, v in settings.budget.items() if v is not None)
     print(
-        f"rag-opt proxy on http://{settings.host}:{settings.port}/v1 -> {settings.upstream} ({budget}, "
-        f"ordering={settings.ordering}, time budget {settings.time_budget_ms:.0f} ms)",
+        f"rag-opt proxy on http://{settings.host}:{settings.port}/v1 -> {redact_url(settings.upstream)} ({budget}, "
+        f"ordering={settings.ordering}, time budget {settings.time_budget_ms:.0f} ms, "
+        f"{settings.max_concurrency} worker(s), queue {settings.max_queue}, on overload {settings.on_overload}, "
+        f"proxy key {'required' if settings.api_key is not None else 'off'})",
         file=sys.stderr,
     )
+    if settings.host not in _LOOPBACK and settings.api_key is None:
+        logger.warning(
+            "listening on %s without --api-key: anyone who can reach this port can send requests through it "
+            "(with your --upstream-api-key, if set)",
+            settings.host,
+        )
+    if settings.log_bodies:
+        logger.warning("--log-bodies: request and response bodies are logged (credentials redacted)")
     uvicorn.run(
         app,
         host=settings.host,
         port=settings.port,
         log_level="debug" if args.verbose >= 2 else "info",
+        access_log=False,  # rag-opt's own access log leaves out query strings (they may carry credentials)
         server_header=False,  # the upstream's Server and Date headers are relayed
         date_header=False,
     )

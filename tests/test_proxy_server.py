@@ -599,7 +599,7 @@ def test_extension_field_is_removed_leaving_the_other_bytes(body, expected):
         (b'{"messages": [{"content": "hi"}]}', "missing_required_parameter", "messages[0].role is missing"),
         (b'{"messages": [{"role": "user", "content": 5}]}', "invalid_type", "messages[0].content must be"),
         (b'{"messages": [{"role": "user", "content": [{"type": "text", "text": 1}]}]}', "invalid_type", "text must"),
-        (b"[" * 100_000 + b"]" * 100_000, "invalid_json", ""),
+        (b"[" * 100_000 + b"]" * 100_000, "invalid_json", "nested too deeply"),
     ],
 )
 def test_invalid_bodies_are_clear_client_errors(body, code, message):

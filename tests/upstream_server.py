@@ -8,6 +8,10 @@ It records every request it receives (method, path, headers, raw body bytes) and
   ``gated``: after the first chunk it waits until the test releases :attr:`FakeUpstream.gate` (so a test can
   prove the first chunk reached the client before the rest was even produced); ``stream-error``: an error
   event after the first chunk; ``stream-drop``: the connection drops after the first chunk;
+- ``slow-headers``: waits ``x_delay`` seconds (default 5) before answering; ``slow-stream``: waits ``x_delay``
+  seconds after the first chunk; ``invalid-json``: a 200 ``application/json`` body that is not JSON;
+  ``gzip-json`` / ``gzip-invalid``: a gzip-encoded completion / non-JSON body; ``html-502``: a 502 HTML page
+  (a load balancer's error, not JSON);
 - otherwise a ``chat.completion`` whose content is ``ok``.
 
 Also ``GET /v1/models``, ``POST /v1/embeddings`` and ``POST /v1/completions``. :class:`ServerThread` runs any
@@ -16,10 +20,13 @@ ASGI app under uvicorn on 127.0.0.1 in a background thread.
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,6 +141,17 @@ class FakeUpstream:
             )
         req = json.loads(body)
         model = req.get("model")
+        delay = float(req.get("x_delay", 5))
+        if model == "slow-headers":
+            await anyio.sleep(delay)
+        if model == "invalid-json":
+            return await self._raw(send, 200, b'{"id": "chatcmpl-test", "choices": [{"index": 0, "mess')
+        if model in ("gzip-json", "gzip-invalid"):
+            data = json.dumps(_completion("ok")).encode() if model == "gzip-json" else b"<html>oops</html>"
+            return await self._raw(send, 200, gzip.compress(data), [(b"content-encoding", b"gzip")])
+        if model == "html-502":
+            page = b"<html><body>502 Bad Gateway</body></html>"
+            return await self._raw(send, 502, page, [], b"text/html")
         if model == "error-400":
             return await self._json(send, 400, ERROR_400)
         if model == "error-500":
@@ -150,6 +168,8 @@ class FakeUpstream:
         await send({"type": "http.response.body", "body": _chunk("Hel"), "more_body": True})
         if model == "gated":
             self.gate_released = await anyio.to_thread.run_sync(self.gate.wait, 20.0)
+        elif model == "slow-stream":
+            await anyio.sleep(delay)
         elif model == "stream-error":
             await send(
                 {
@@ -168,6 +188,18 @@ class FakeUpstream:
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
     @staticmethod
+    async def _raw(
+        send: Any,
+        status: int,
+        body: bytes,
+        extra: list[tuple[bytes, bytes]] | None = None,
+        ctype: bytes = b"application/json",
+    ) -> None:
+        headers = [(b"content-type", ctype), (b"content-length", str(len(body)).encode()), *(extra or [])]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    @staticmethod
     async def _json(send: Any, status: int, data: Any) -> None:
         body = json.dumps(data).encode()
         await send(
@@ -184,7 +216,9 @@ class ServerThread:
     """Serve an ASGI app with uvicorn on 127.0.0.1 (a free port) in a daemon thread."""
 
     def __init__(self, app: Any) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto IPPROTO_TCP (not 0): asyncio then sets TCP_NODELAY on accepted connections, as it does for a
+        # socket it creates itself (uvicorn.run); without it, Nagle + delayed ACKs add ~40 ms per response
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
@@ -211,3 +245,40 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.sock.close()
+
+
+# -- helpers for the proxy tests ------------------------------------------------------------------------------
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {'name{labels}': value}."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+@contextmanager
+def serve_proxy(upstream_url: str, optimizer: Any, **settings: Any) -> Iterator[tuple[str, Any]]:
+    """Run the proxy app (uvicorn, 127.0.0.1) in front of ``upstream_url``; yields (url, ProxyState)."""
+    from rag_opt.adapters.proxy.app import create_app
+    from rag_opt.adapters.proxy.settings import ProxySettings
+
+    values = {"upstream": f"{upstream_url}/v1", "time_budget_ms": 300_000, "warmup": False, "tool_min_chars": 300}
+    app = create_app(ProxySettings(**{**values, **settings}), optimizer=optimizer)
+    with ServerThread(app) as server:
+        yield server.url, app.state.ragopt
+
+
+def bm25_optimizer() -> Any:
+    """rag-opt's real pipeline with the BM25 scorer (no proxy model)."""
+    from rag_opt import ContextOptimizer
+    from rag_opt.compressors import BM25Scorer
+
+    return ContextOptimizer(scorer=BM25Scorer())
+
+
+def upstream_pool_is_clean(state: Any) -> bool:
+    """No request is in flight on the proxy's upstream connection pool and no connection is left mid-response."""
+    pool = state.client._transport._pool
+    return not pool._requests and all(c.is_idle() or c.is_closed() for c in pool.connections)
