@@ -26,7 +26,7 @@ from rag_opt.datasets import contains_answer, data_dir, read_hotpotqa
 from rag_opt.features import ALL_BLOCKS, DEFAULT_BLOCKS, ContextUnits, FeatureLayout, build_features
 from rag_opt.lexical import bm25_scores
 from rag_opt.tokens import get_token_counter
-from rag_opt.train import build_training_set, feature_cache_for, fit_probe, hotpot_units
+from rag_opt.train import build_training_set, choose_l2, feature_cache_for, fit_probe, hotpot_units
 
 logger = logging.getLogger("probe_ablation")
 
@@ -84,7 +84,7 @@ def main() -> None:
     ap.add_argument("--train-limit", type=int, default=None)
     ap.add_argument("--dev-limit", type=int, default=300)
     ap.add_argument("--ratio", type=float, default=1 / 3)
-    ap.add_argument("--l2", type=float, default=1e-3)
+    ap.add_argument("--l2", type=float, default=None, help="default: chosen on held-out train questions")
     ap.add_argument("--only-full", action="store_true", help="only the default layout (e.g. for an l2 sweep)")
     ap.add_argument("--out", default=None, help="write results JSON here")
     args = ap.parse_args()
@@ -127,8 +127,9 @@ def main() -> None:
     for blocks in variants:
         layout = FeatureLayout(tuple(blocks), L, H)
         t = time.time()
-        X, y, _ = build_training_set(train, tf, layout, progress=False)
-        probe = fit_probe(X, y, layout, args.model, l2=args.l2, seed=0, meta={})
+        X, y, groups = build_training_set(train, tf, layout, progress=False)
+        l2 = args.l2 if args.l2 is not None else choose_l2(X, y, groups)[0]
+        probe = fit_probe(X, y, layout, args.model, l2=l2, seed=0, meta={})
         fit_s = time.time() - t
 
         def score(ex, attn, units, probe=probe, layout=layout):
@@ -136,6 +137,7 @@ def main() -> None:
 
         r = evaluate(dev, df, score, args.ratio)
         r["fit_s"] = fit_s
+        r["l2"] = l2
         results["probe:" + "+".join(blocks)] = r
         logger.info("%s: %s", "+".join(blocks), r)
     print(f"train questions: {len(tf)}, dev questions: {len(df)}, ratio {args.ratio:.3f}")

@@ -19,7 +19,7 @@ from rag_opt.attention import extract
 from rag_opt.datasets import data_dir, read_hotpotqa
 from rag_opt.features import DEFAULT_BLOCKS, FeatureLayout, build_features
 from rag_opt.proxy import load_proxy
-from rag_opt.train import build_training_set, feature_cache_for, fit_probe, hotpot_units
+from rag_opt.train import build_training_set, choose_l2, feature_cache_for, fit_probe, hotpot_units
 
 MODELS = ("embedded:smollm2-135m", "embedded:qwen2.5-coder-0.5b")
 
@@ -50,8 +50,8 @@ def main() -> None:
         tf, df = tc.load(ex.id for ex in train), dc.load(ex.id for ex in dev)
         a = next(iter(tf.values()))
         layout = FeatureLayout(DEFAULT_BLOCKS, a.num_layers, a.num_heads)
-        X, y, _ = build_training_set(train, tf, layout, progress=False)
-        probe = fit_probe(X, y, layout, m, l2=1e-3, seed=0, meta={})
+        X, y, groups = build_training_set(train, tf, layout, progress=False)
+        probe = fit_probe(X, y, layout, m, l2=choose_l2(X, y, groups)[0], seed=0, meta={})
 
         def score(ex, attn, units, probe=probe, layout=layout):  # type: ignore[no-untyped-def]
             return probe.predict_proba(build_features(layout, attn, ex.question, units))

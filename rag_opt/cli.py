@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=_nonneg_int, help="use the first N questions (after shuffling)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default=None, help="feature cache folder (default: <rag-opt cache>/features)")
-    p.add_argument("--l2", type=float, default=1e-3, help="L2 regularisation strength")
+    p.add_argument("--l2", type=float, default=None, help="L2 strength (default: chosen on held-out questions)")
     p.add_argument("--blocks", default=None, help="comma-separated feature blocks (default: all)")
     _add_model_args(p)
 

@@ -104,6 +104,30 @@ def build_training_set(
     return np.concatenate(xs), np.concatenate(ys).astype(np.float64), np.concatenate(gs)
 
 
+L2_GRID = (1e-3, 1e-2, 1e-1, 3e-1)
+
+
+def choose_l2(
+    X: np.ndarray, y: np.ndarray, groups: np.ndarray, *, grid: tuple[float, ...] = L2_GRID, seed: int = 0
+) -> tuple[float, dict[float, float]]:
+    """Pick the L2 strength with the lowest log-loss on 20 % of the questions held out (split by question)."""
+    rng = np.random.default_rng(seed)
+    qs = np.unique(groups)
+    held = set(rng.choice(qs, size=max(1, len(qs) // 5), replace=False).tolist())
+    mask = np.array([g in held for g in groups])
+    if y[~mask].min() == y[~mask].max() or y[mask].min() == y[mask].max():
+        return grid[0], {}
+    losses: dict[float, float] = {}
+    for l2 in grid:
+        mean, scale, w, b = train_logistic(X[~mask], y[~mask], l2=l2, seed=seed)
+        z = np.clip(((X[mask] - mean) / scale) @ w + b, -30, 30)
+        p = 1 / (1 + np.exp(-z))
+        losses[l2] = float(-np.mean(y[mask] * np.log(p + 1e-12) + (1 - y[mask]) * np.log(1 - p + 1e-12)))
+    best = min(losses, key=lambda k: losses[k])
+    logger.info("held-out log-loss by l2: %s -> %s", losses, best)
+    return best, losses
+
+
 def fit_probe(
     X: np.ndarray,
     y: np.ndarray,
@@ -126,7 +150,7 @@ def train_probe_cli(
     limit: int | None,
     seed: int,
     cache_root: str,
-    l2: float,
+    l2: float | None,
     blocks: tuple[str, ...] | None,
 ) -> Probe:
     """Extract (or reuse cached) features, train the probe and write it as JSON."""
@@ -142,6 +166,9 @@ def train_probe_cli(
     feats = cache.load(ex.id for ex in examples)
     X, y, groups = build_training_set(examples, feats, layout)
     t = time.perf_counter()
+    losses: dict[float, float] = {}
+    if l2 is None:
+        l2, losses = choose_l2(X, y, groups, seed=seed)
     probe = fit_probe(
         X,
         y,
@@ -155,6 +182,7 @@ def train_probe_cli(
             "labels": "supporting facts + sentences containing the answer (yes/no answers mark no sentence)",
             "seed": seed,
             "l2": l2,
+            "l2_heldout_logloss": {str(k): v for k, v in losses.items()},
             "template": TEMPLATE_ID,
         },
     )

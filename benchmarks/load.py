@@ -1,0 +1,511 @@
+"""Load test of the OpenAI-compatible proxy on loopback: added latency, errors, corruption, memory.
+
+Starts its own servers on 127.0.0.1: a deterministic OpenAI-compatible upstream (uvicorn, in a subprocess) and
+the real proxy (``rag-opt serve``, in a subprocess, embedded proxy model loaded at start-up). Then, in one run:
+
+1. an unloaded probe: one client, requests without context alternately direct to the upstream and through the
+   proxy (the proxy's added latency with nothing else going on), then a few context requests through the proxy
+   one at a time (optimization latency with a free worker);
+2. the same load twice, ``--clients`` concurrent clients for ``--seconds`` each: first direct to the upstream
+   (the baseline), then through the proxy. Every client loops over a mix of non-streaming and streaming chat
+   requests, with and without context (10 HotpotQA paragraphs as ``<document>`` blocks).
+
+Every response body is compared with the bytes the upstream sent for that request (the upstream's answer is a
+pure function of the request's ``x-bench-id``): a difference is a corrupted response. The upstream also rejects
+(400) any request body that is not a JSON chat request, so a corrupted request shows up as an error. With the
+default single optimizer worker most context requests under load are forwarded unoptimized (fail-open through
+the bounded queue): that is the intended behaviour, and the counts are reported.
+
+    OMP_NUM_THREADS=1 python benchmarks/load.py --seconds 20 --clients 64     # → benchmarks/results/load.json
+
+Reported: requests served, errors, corrupted responses, p50/p99 latency by request kind (direct vs proxy, the
+difference = latency added by the proxy, and their ratio), optimized vs fail-open counts and latencies, the
+proxy's metrics, and the proxy process's peak RSS (VmHWM). Targets: 0 errors and 0 corrupted responses; the
+pass-through overhead p50 <= 3 ms (unloaded probe).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+EXAMPLES = ROOT / "examples"
+KINDS = ("plain", "plain-stream", "context", "context-stream")
+VOCAB = "the a of in proxy model token answer context paris france river seine 東京 القاهرة 🚀 café".split()
+
+
+# -- the upstream: a deterministic OpenAI-compatible server -------------------------------------------------------
+def upstream_body(n: int, stream: bool) -> tuple[list[bytes], bytes]:
+    """The upstream's answer to request ``n``: (body chunks as sent, content type)."""
+    rnd = random.Random(n)
+    words = [rnd.choice(VOCAB) for _ in range(rnd.randint(3, 80))]
+    if not stream:
+        msg = {"role": "assistant", "content": " ".join(words)}
+        body = {
+            "id": f"chatcmpl-{n}",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "bench",
+            "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": n % 1000, "completion_tokens": len(words), "total_tokens": 0},
+        }
+        return [json.dumps(body, ensure_ascii=False).encode()], b"application/json"
+    chunks = []
+    for i in range(0, len(words), 8):
+        delta = {"content": " ".join(words[i : i + 8]) + " "}
+        event = {"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]}
+        chunks.append(b"data: " + json.dumps(event, ensure_ascii=False).encode() + b"\n\n")
+    chunks.append(b"data: [DONE]\n\n")
+    return chunks, b"text/event-stream"
+
+
+async def upstream_app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+    if scope["type"] == "lifespan":
+        while True:
+            msg = await receive()
+            await send({"type": msg["type"] + ".complete"})
+            if msg["type"] == "lifespan.shutdown":
+                return
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            break
+    headers = dict(scope["headers"])
+    try:
+        req = json.loads(body)
+        assert isinstance(req, dict) and isinstance(req["messages"], list) and "rag_opt" not in req
+        n = int(headers[b"x-bench-id"])
+    except Exception:
+        err = b'{"error": {"message": "bad request body", "type": "invalid_request_error"}}'
+        await send({"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": err})
+        return
+    chunks, ctype = upstream_body(n, bool(req.get("stream")))
+    head = [(b"content-type", ctype)]
+    if len(chunks) == 1:
+        head.append((b"content-length", str(len(chunks[0])).encode()))
+    await send({"type": "http.response.start", "status": 200, "headers": head})
+    for i, chunk in enumerate(chunks):
+        await send({"type": "http.response.body", "body": chunk, "more_body": i < len(chunks) - 1})
+
+
+def serve_upstream(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(upstream_app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on")
+
+
+# -- processes --------------------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float, ready: Callable[[httpx.Response], bool]) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited with status {proc.returncode}")
+        try:
+            if ready(httpx.get(url, timeout=2)):
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} not ready after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """The process's peak resident set size (Linux VmHWM), in MiB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+class RssSampler:
+    """Polls a process's RSS (psutil when installed, else /proc): the peak seen, for non-Linux systems."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak_mb = 0.0
+        self._stop = False
+
+    async def run(self) -> None:
+        try:
+            import psutil
+
+            proc = psutil.Process(self.pid)
+            read: Callable[[], float] = lambda: proc.memory_info().rss / 2**20  # noqa: E731
+        except ImportError:
+            return
+        while not self._stop:
+            try:
+                self.peak_mb = max(self.peak_mb, read())
+            except Exception:
+                return
+            await asyncio.sleep(0.2)
+
+    def stop(self) -> None:
+        self._stop = True
+
+
+# -- clients ----------------------------------------------------------------------------------------------------
+def context_messages() -> list[dict[str, Any]]:
+    docs = [json.loads(line) for line in (EXAMPLES / "hotpotqa_docs.jsonl").read_text().splitlines() if line.strip()]
+    question = (EXAMPLES / "hotpotqa_question.txt").read_text().strip()
+    blocks = "\n".join(f'<document id="{d["id"]}" title="{d["title"]}">{d["text"]}</document>' for d in docs)
+    return [
+        {"role": "system", "content": "Answer from the documents."},
+        {"role": "user", "content": f"{blocks}\n\nQuestion: {question}"},
+    ]
+
+
+@dataclass
+class Record:
+    kind: str
+    latency_s: float
+    ok: bool
+    corrupted: bool = False
+    outcome: str = ""  # x-ragopt-status (through the proxy)
+    reason: str = ""
+    error: str = ""
+
+
+@dataclass
+class Load:
+    records: list[Record] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Bench:
+    def __init__(self, mix: dict[str, float], seed: int = 0) -> None:
+        self.ids = iter(range(1, 10**9))
+        self.mix = mix
+        self.rnd = random.Random(seed)
+        ctx = context_messages()
+        plain = [{"role": "user", "content": "Say something about Paris."}]
+        self.bodies = {kind: {"messages": ctx if kind.startswith("context") else plain} for kind in KINDS}
+
+    def pick(self) -> str:
+        return self.rnd.choices(list(self.mix), weights=list(self.mix.values()))[0]
+
+    async def one(self, client: httpx.AsyncClient, base: str, kind: str) -> Record:
+        n = next(self.ids)
+        stream = kind.endswith("stream")
+        body = {"model": "bench", **self.bodies[kind], "stream": stream}
+        expected = b"".join(upstream_body(n, stream)[0])
+        t0 = time.perf_counter()
+        try:
+            req = client.build_request("POST", f"{base}/v1/chat/completions", json=body, headers={"x-bench-id": str(n)})
+            r = await client.send(req, stream=True)
+            try:
+                got = b"".join([chunk async for chunk in r.aiter_raw()])
+            finally:
+                await r.aclose()
+            latency = time.perf_counter() - t0
+        except httpx.HTTPError as exc:
+            return Record(kind, time.perf_counter() - t0, False, error=type(exc).__name__)
+        rec = Record(kind, latency, r.status_code == 200, outcome=r.headers.get("x-ragopt-status", ""))
+        rec.reason = r.headers.get("x-ragopt-reason", "")
+        if r.status_code != 200:
+            rec.error = f"HTTP {r.status_code}"
+        elif got != expected:
+            rec.corrupted = True
+        return rec
+
+    async def load(self, base: str, clients: int, seconds: float) -> Load:
+        limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+        out = Load()
+        async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+            deadline = time.monotonic() + seconds
+            t0 = time.monotonic()
+
+            async def worker() -> None:
+                while time.monotonic() < deadline:
+                    out.records.append(await self.one(client, base, self.pick()))
+
+            await asyncio.gather(*(worker() for _ in range(clients)))
+            out.seconds = time.monotonic() - t0
+        return out
+
+    async def sequential(self, base: str, kind: str, n: int) -> list[Record]:
+        async with httpx.AsyncClient(timeout=120) as client:
+            return [await self.one(client, base, kind) for _ in range(n)]
+
+
+# -- statistics -------------------------------------------------------------------------------------------------
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def summary(records: list[Record]) -> dict[str, Any]:
+    lat = [r.latency_s * 1e3 for r in records if r.ok and not r.corrupted]
+    return {
+        "requests": len(records),
+        "errors": sum(not r.ok for r in records),
+        "corrupted": sum(r.corrupted for r in records),
+        "p50_ms": pct(lat, 0.5),
+        "p99_ms": pct(lat, 0.99),
+        "error_kinds": dict(Counter(r.error for r in records if r.error)),
+    }
+
+
+def added(proxy: dict[str, Any], direct: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for q in ("p50_ms", "p99_ms"):
+        p, d = proxy.get(q), direct.get(q)
+        out[f"added_{q}"] = None if p is None or d is None else p - d
+        out[f"ratio_{q.removesuffix('_ms')}"] = None if not p or not d else p / d
+    return out
+
+
+def fmt(v: Any, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.2f}{unit}"
+    return f"{v}{unit}"
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            if "_bucket{" not in name:
+                out[name] = float(value)
+    return out
+
+
+# -- main -------------------------------------------------------------------------------------------------------
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    up_port, proxy_port = free_port(), free_port()
+    up_url, proxy_url = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{proxy_port}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    up_proc = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(up_port)], env=env)
+    log = tempfile.NamedTemporaryFile(prefix="rag-opt-load-proxy-", suffix=".log", delete=False)  # noqa: SIM115
+    print(f"proxy log: {log.name}", file=sys.stderr)
+    cmd = [sys.executable, "-m", "rag_opt.cli", "serve", "--upstream", f"{up_url}/v1", "--port", str(proxy_port)]
+    cmd += ["--max-concurrency", str(args.max_concurrency), "--max-queue", str(args.max_queue)]
+    cmd += ["--time-budget-ms", str(args.time_budget_ms), "--ratio", str(args.ratio)]
+    proxy_proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_http(f"{up_url}/v1/models", up_proc, 60, lambda r: r.status_code in (200, 400, 404))
+        t = time.perf_counter()
+        wait_http(f"{proxy_url}/healthz", proxy_proc, 600, lambda r: r.json().get("optimizer") in ("ready", "failed"))
+        startup_s = time.perf_counter() - t
+        health = httpx.get(f"{proxy_url}/healthz").json()
+        print(f"proxy up in {startup_s:.1f} s: {health}", file=sys.stderr)
+        c = args.context_share
+        mix = {"plain": (1 - c) * 2 / 3, "plain-stream": (1 - c) / 3, "context": c / 2, "context-stream": c / 2}
+        bench = Bench(mix, seed=args.seed)
+        sampler = RssSampler(proxy_proc.pid)
+        sampling = asyncio.ensure_future(sampler.run())
+
+        # 1. unloaded probe
+        print(f"unloaded probe: {args.probe} pass-through requests each way", file=sys.stderr)
+        direct_seq: list[Record] = []
+        proxy_seq: list[Record] = []
+        for _ in range(args.probe // 50):
+            direct_seq += await bench.sequential(up_url, "plain", 50)
+            proxy_seq += await bench.sequential(proxy_url, "plain", 50)
+        opt_direct = await bench.sequential(up_url, "context", args.optimized)
+        # the optimizations one at a time; meanwhile one client sends pass-through requests one at a time
+        optimizing = asyncio.ensure_future(bench.sequential(proxy_url, "context", args.optimized))
+        during: list[Record] = []
+        while not optimizing.done():
+            during += await bench.sequential(proxy_url, "plain", 1)
+        opt_seq = await optimizing
+        unloaded = {
+            "pass_through": {"direct": summary(direct_seq), "proxy": summary(proxy_seq)},
+            "pass_through_while_optimizing": {"direct": summary(direct_seq), "proxy": summary(during)},
+            "optimized": {"direct": summary(opt_direct), "proxy": summary(opt_seq)},
+            "optimized_outcomes": dict(Counter(r.outcome for r in opt_seq)),
+        }
+        for k in ("pass_through", "pass_through_while_optimizing", "optimized"):
+            unloaded[k].update(added(unloaded[k]["proxy"], unloaded[k]["direct"]))
+
+        # 2. load: direct, then through the proxy
+        loads: dict[str, Load] = {}
+        for name, base in (("direct", up_url), ("proxy", proxy_url)):
+            print(f"load: {args.clients} clients for {args.seconds:.0f} s, {name}", file=sys.stderr)
+            loads[name] = await bench.load(base, args.clients, args.seconds)
+        sampler.stop()
+        await sampling
+        proxy_metrics = parse_metrics(httpx.get(f"{proxy_url}/metrics").text)
+        peak = peak_rss_mb(proxy_proc.pid) or sampler.peak_mb or None
+    finally:
+        for proc in (proxy_proc, up_proc):
+            proc.send_signal(signal.SIGINT)
+        for proc in (proxy_proc, up_proc):
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        log.close()
+
+    by_kind: dict[str, dict[str, Any]] = {}
+    for kind in KINDS:
+        d = summary([r for r in loads["direct"].records if r.kind == kind])
+        p = summary([r for r in loads["proxy"].records if r.kind == kind])
+        by_kind[kind] = {"direct": d, "proxy": p, **added(p, d)}
+    ctx = [r for r in loads["proxy"].records if r.kind.startswith("context")]
+    by_outcome: dict[str, list[Record]] = defaultdict(list)
+    for r in ctx:
+        by_outcome[r.outcome + (f" ({r.reason})" if r.reason else "")].append(r)
+    totals = {name: summary(load.records) for name, load in loads.items()}
+    for name, load in loads.items():
+        totals[name]["throughput_rps"] = len(load.records) / load.seconds if load.seconds else None
+    plain = [r for r in loads["proxy"].records if not r.kind.startswith("context")]
+    plain_direct = [r for r in loads["direct"].records if not r.kind.startswith("context")]
+    results = {
+        "config": {
+            "clients": args.clients,
+            "seconds": args.seconds,
+            "mix": bench.mix,
+            "proxy": {
+                "max_concurrency": args.max_concurrency,
+                "max_queue": args.max_queue,
+                "time_budget_ms": args.time_budget_ms,
+                "ratio": args.ratio,
+                "on_overload": "fail-open",
+            },
+            "machine": {
+                "cpus": os.cpu_count(),
+                "load_average_at_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            },
+        },
+        "startup_s": startup_s,
+        "health": health,
+        "unloaded": unloaded,
+        "load": {
+            "totals": totals,
+            "by_kind": by_kind,
+            "pass_through": {
+                "direct": summary(plain_direct),
+                "proxy": summary(plain),
+                **added(summary(plain), summary(plain_direct)),
+            },
+            "context_outcomes": {k: summary(v) for k, v in sorted(by_outcome.items())},
+        },
+        "proxy_peak_rss_mb": peak,
+        "proxy_metrics": {
+            k: v
+            for k, v in proxy_metrics.items()
+            if v and not k.startswith("ragopt_optimizer_latency") and "queue_wait" not in k
+        },
+    }
+    p50_added = unloaded["pass_through"]["added_p50_ms"]
+    results["targets"] = {
+        "zero_errors": totals["proxy"]["errors"] == 0,
+        "zero_corrupted": totals["proxy"]["corrupted"] == 0 and totals["direct"]["corrupted"] == 0,
+        "pass_through_added_p50_le_3ms": p50_added is not None and p50_added <= 3.0,
+    }
+    return results
+
+
+def print_report(res: dict[str, Any]) -> None:
+    c = res["config"]
+    print(
+        f"\nrag-opt proxy load test: {c['clients']} clients x {c['seconds']:.0f} s per side, loopback, "
+        f"{c['machine']['cpus']} CPUs; proxy: {c['proxy']['max_concurrency']} worker(s), queue "
+        f"{c['proxy']['max_queue']}, budget {c['proxy']['time_budget_ms']:.0f} ms; started in {res['startup_s']:.1f} s"
+    )
+    u = res["unloaded"]
+    print("\nunloaded (one client, one request at a time)     direct p50/p99      proxy p50/p99       added p50/p99")
+    for name in ("pass_through", "pass_through_while_optimizing", "optimized"):
+        d, p = u[name]["direct"], u[name]["proxy"]
+        print(
+            f"  {name:<46} {fmt(d['p50_ms'])}/{fmt(d['p99_ms'])} ms".ljust(68)
+            + f"{fmt(p['p50_ms'])}/{fmt(p['p99_ms'])} ms".ljust(20)
+            + f"{fmt(u[name]['added_p50_ms'])}/{fmt(u[name]['added_p99_ms'])} ms"
+        )
+    print(f"  optimized probe outcomes: {u['optimized_outcomes']}")
+    L = res["load"]
+    print(
+        f"\nunder load ({c['clients']} clients)        requests (direct|proxy)  errors  corrupted   "
+        "p50 ms (direct|proxy|added|ratio)     p99 ms (direct|proxy|added|ratio)"
+    )
+    rows = [(k, v) for k, v in L["by_kind"].items()] + [("all pass-through", L["pass_through"])]
+    for kind, v in rows:
+        d, p = v["direct"], v["proxy"]
+        print(
+            f"  {kind:<34} {d['requests']:>7} | {p['requests']:<7}  {d['errors'] + p['errors']:>6}  "
+            f"{d['corrupted'] + p['corrupted']:>9}   "
+            f"{fmt(d['p50_ms'])} | {fmt(p['p50_ms'])} | {fmt(v['added_p50_ms'])} | {fmt(v['ratio_p50'])}x".ljust(40)
+            + f"   {fmt(d['p99_ms'])} | {fmt(p['p99_ms'])} | {fmt(v['added_p99_ms'])} | {fmt(v['ratio_p99'])}x"
+        )
+    t = L["totals"]
+    print(
+        f"  throughput: direct {fmt(t['direct']['throughput_rps'])} req/s, proxy {fmt(t['proxy']['throughput_rps'])} "
+        f"req/s; errors {t['proxy']['errors']} (kinds {t['proxy']['error_kinds']}), corrupted {t['proxy']['corrupted']}"
+    )
+    print("  context requests through the proxy, by outcome:")
+    for k, v in L["context_outcomes"].items():
+        print(f"    {k:<28} {v['requests']:>6} requests, p50 {fmt(v['p50_ms'])} ms, p99 {fmt(v['p99_ms'])} ms")
+    print(f"\nproxy peak RSS: {fmt(res['proxy_peak_rss_mb'])} MiB")
+    m = res["proxy_metrics"]
+    keys = [k for k in m if k.startswith(("ragopt_fail_open", "ragopt_optimizer_shed", "ragopt_optimizer_timeouts"))]
+    print("proxy metrics: " + ", ".join(f"{k}={m[k]:.0f}" for k in keys))
+    print("targets: " + ", ".join(f"{k}: {'PASS' if v else 'FAIL'}" for k, v in res["targets"].items()))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seconds", type=float, default=20.0, help="load duration per side (direct, proxy)")
+    p.add_argument("--clients", type=int, default=64, help="concurrent clients")
+    p.add_argument("--probe", type=int, default=400, help="unloaded pass-through requests per side")
+    p.add_argument("--optimized", type=int, default=5, help="unloaded context requests per side")
+    p.add_argument("--context-share", type=float, default=0.4, help="share of requests with context (half streamed)")
+    p.add_argument("--max-concurrency", type=int, default=1, help="proxy optimizer workers")
+    p.add_argument("--max-queue", type=int, default=8, help="proxy optimizer queue")
+    p.add_argument("--time-budget-ms", type=float, default=10_000)
+    p.add_argument("--ratio", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(RESULTS / "load.json"))
+    p.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve_upstream is not None:
+        serve_upstream(args.serve_upstream)
+        return
+    results = asyncio.run(run(args))
+    print_report(results)
+    Path(args.out).write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
