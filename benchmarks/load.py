@@ -231,7 +231,7 @@ class Bench:
                 await r.aclose()
             latency = time.perf_counter() - t0
         except httpx.HTTPError as exc:
-            return Record(kind, time.perf_counter() - t0, False, error=type(exc).__name__)
+            return Record(kind, time.perf_counter() - t0, False, error=f"{type(exc).__name__}: {exc}"[:120])
         rec = Record(kind, latency, r.status_code == 200, outcome=r.headers.get("x-ragopt-status", ""))
         rec.reason = r.headers.get("x-ragopt-reason", "")
         if r.status_code != 200:
@@ -241,7 +241,8 @@ class Bench:
         return rec
 
     async def load(self, base: str, clients: int, seconds: float) -> Load:
-        limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+        # idle connections expire before the servers' keep-alive timeout (uvicorn: 5 s), as a client should
+        limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8, keepalive_expiry=2)
         out = Load()
         async with httpx.AsyncClient(limits=limits, timeout=120) as client:
             deadline = time.monotonic() + seconds
@@ -312,13 +313,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     up_port, proxy_port = free_port(), free_port()
     up_url, proxy_url = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{proxy_port}"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    up_proc = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(up_port)], env=env)
+    # each server in its own session (so its own scheduling autogroup on Linux), like a separate service
+    up_proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve-upstream", str(up_port)], env=env, start_new_session=True
+    )
     log = tempfile.NamedTemporaryFile(prefix="rag-opt-load-proxy-", suffix=".log", delete=False)  # noqa: SIM115
     print(f"proxy log: {log.name}", file=sys.stderr)
     cmd = [sys.executable, "-m", "rag_opt.cli", "serve", "--upstream", f"{up_url}/v1", "--port", str(proxy_port)]
     cmd += ["--max-concurrency", str(args.max_concurrency), "--max-queue", str(args.max_queue)]
     cmd += ["--time-budget-ms", str(args.time_budget_ms), "--ratio", str(args.ratio)]
-    proxy_proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    cmd += ["--optimizer-nice", str(args.optimizer_nice)]
+    proxy_proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_http(f"{up_url}/v1/models", up_proc, 60, lambda r: r.status_code in (200, 400, 404))
         t = time.perf_counter()
@@ -340,19 +345,24 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             direct_seq += await bench.sequential(up_url, "plain", 50)
             proxy_seq += await bench.sequential(proxy_url, "plain", 50)
         opt_direct = await bench.sequential(up_url, "context", args.optimized)
-        # the optimizations one at a time; meanwhile one client sends pass-through requests one at a time
+        opt_seq = await bench.sequential(proxy_url, "context", args.optimized)  # one at a time, nothing else
+        # optimizations one at a time again; meanwhile one client sends pass-through requests one at a time
         optimizing = asyncio.ensure_future(bench.sequential(proxy_url, "context", args.optimized))
         during: list[Record] = []
         while not optimizing.done():
             during += await bench.sequential(proxy_url, "plain", 1)
-        opt_seq = await optimizing
+        opt_during = await optimizing
         unloaded = {
             "pass_through": {"direct": summary(direct_seq), "proxy": summary(proxy_seq)},
-            "pass_through_while_optimizing": {"direct": summary(direct_seq), "proxy": summary(during)},
             "optimized": {"direct": summary(opt_direct), "proxy": summary(opt_seq)},
             "optimized_outcomes": dict(Counter(r.outcome for r in opt_seq)),
+            "pass_through_while_optimizing": {"direct": summary(direct_seq), "proxy": summary(during)},
+            "optimized_with_pass_through": {"direct": summary(opt_direct), "proxy": summary(opt_during)},
+            "optimized_with_pass_through_outcomes": dict(
+                Counter(r.outcome + (f" ({r.reason})" if r.reason else "") for r in opt_during)
+            ),
         }
-        for k in ("pass_through", "pass_through_while_optimizing", "optimized"):
+        for k in ("pass_through", "optimized", "pass_through_while_optimizing", "optimized_with_pass_through"):
             unloaded[k].update(added(unloaded[k]["proxy"], unloaded[k]["direct"]))
 
         # 2. load: direct, then through the proxy
@@ -399,6 +409,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "time_budget_ms": args.time_budget_ms,
                 "ratio": args.ratio,
                 "on_overload": "fail-open",
+                "optimizer_nice": args.optimizer_nice,
             },
             "machine": {
                 "cpus": os.cpu_count(),
@@ -442,18 +453,22 @@ def print_report(res: dict[str, Any]) -> None:
     print(
         f"\nrag-opt proxy load test: {c['clients']} clients x {c['seconds']:.0f} s per side, loopback, "
         f"{c['machine']['cpus']} CPUs; proxy: {c['proxy']['max_concurrency']} worker(s), queue "
-        f"{c['proxy']['max_queue']}, budget {c['proxy']['time_budget_ms']:.0f} ms; started in {res['startup_s']:.1f} s"
+        f"{c['proxy']['max_queue']}, budget {c['proxy']['time_budget_ms']:.0f} ms, optimizer nice "
+        f"{c['proxy']['optimizer_nice']}; started in {res['startup_s']:.1f} s"
     )
     u = res["unloaded"]
-    print("\nunloaded (one client, one request at a time)     direct p50/p99      proxy p50/p99       added p50/p99")
-    for name in ("pass_through", "pass_through_while_optimizing", "optimized"):
+    print("\nunloaded (one request at a time)                direct p50/p99      proxy p50/p99       added p50/p99")
+    for name in ("pass_through", "optimized", "pass_through_while_optimizing", "optimized_with_pass_through"):
         d, p = u[name]["direct"], u[name]["proxy"]
         print(
             f"  {name:<46} {fmt(d['p50_ms'])}/{fmt(d['p99_ms'])} ms".ljust(68)
             + f"{fmt(p['p50_ms'])}/{fmt(p['p99_ms'])} ms".ljust(20)
             + f"{fmt(u[name]['added_p50_ms'])}/{fmt(u[name]['added_p99_ms'])} ms"
         )
-    print(f"  optimized probe outcomes: {u['optimized_outcomes']}")
+    print(
+        f"  outcomes: optimized alone {u['optimized_outcomes']}, "
+        f"with pass-through {u['optimized_with_pass_through_outcomes']}"
+    )
     L = res["load"]
     print(
         f"\nunder load ({c['clients']} clients)        requests (direct|proxy)  errors  corrupted   "
@@ -493,6 +508,7 @@ def main() -> None:
     p.add_argument("--max-concurrency", type=int, default=1, help="proxy optimizer workers")
     p.add_argument("--max-queue", type=int, default=8, help="proxy optimizer queue")
     p.add_argument("--time-budget-ms", type=float, default=10_000)
+    p.add_argument("--optimizer-nice", type=int, default=10, help="proxy --optimizer-nice (0: same priority)")
     p.add_argument("--ratio", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(RESULTS / "load.json"))

@@ -44,14 +44,14 @@ def _nonneg_int(value: str) -> int:
 def read_documents(path: str) -> list[dict[str, Any]]:
     """Read documents from JSONL (one JSON object or string per line); ``-`` reads standard input."""
     if path == "-":
-        lines = sys.stdin.read().splitlines()
+        lines = sys.stdin.read().split("\n")  # JSONL lines end at \n only (not U+2028 etc.)
         name = "<stdin>"
     else:
         p = Path(path)
         if not p.is_file():
             raise UserError(f"input file not found: {path}")
         try:
-            lines = p.read_text(encoding="utf-8").splitlines()
+            lines = p.read_text(encoding="utf-8").split("\n")
         except UnicodeDecodeError as exc:
             raise UserError(f"{path} is not UTF-8 text: {exc}") from None
         name = path
@@ -187,6 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="when the optimizer is overloaded: forward unoptimized (fail-open, default) or answer 429 (reject)",
     )
     p.add_argument("--max-body-bytes", type=int, help="larger request bodies get a 413 (default 33554432 = 32 MiB)")
+    p.add_argument(
+        "--optimizer-nice",
+        type=int,
+        help="run optimizer threads this much lower in CPU priority than request handling (Linux; default 10, 0: off)",
+    )
     p.add_argument("--connect-timeout", type=float, help="seconds to connect to the upstream (default 10)")
     p.add_argument("--read-timeout", type=float, help="seconds between bytes from the upstream (default 600)")
     p.add_argument("--no-warmup", dest="warmup", action="store_const", const=False, help="load the model lazily")
@@ -405,8 +410,8 @@ def _cmd_train_probe(args: argparse.Namespace) -> int:
 _SERVE_OPTIONS = (
     "upstream", "host", "port", "upstream_api_key", "ratio", "target_tokens", "threshold", "ordering", "target",
     "probe", "document_tag", "tool_min_chars", "tool_messages", "time_budget_ms", "max_concurrency", "max_queue",
-    "on_overload", "max_body_bytes", "connect_timeout", "read_timeout", "warmup", "device", "dtype", "api_key",
-    "log_bodies", "trust_remote_code",
+    "on_overload", "max_body_bytes", "optimizer_nice", "connect_timeout", "read_timeout", "warmup", "device",
+    "dtype", "api_key", "log_bodies", "trust_remote_code",
 )  # fmt: skip
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -450,6 +455,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         port=settings.port,
         log_level="debug" if args.verbose >= 2 else "info",
         access_log=False,  # rag-opt's own access log leaves out query strings (they may carry credentials)
+        # idle client connections stay open 75 s, longer than client pools keep them (httpx, hence the OpenAI
+        # SDKs: 5 s): a client never sends a request on a connection the proxy is closing
+        timeout_keep_alive=75,
         server_header=False,  # the upstream's Server and Date headers are relayed
         date_header=False,
     )

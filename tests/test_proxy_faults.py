@@ -175,6 +175,22 @@ def test_pool_always_admits_when_a_worker_is_free():
     pool.shutdown()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are a Linux feature")
+def test_pool_workers_run_at_a_lower_cpu_priority():
+    import asyncio
+    import os
+
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    base = niceness()
+    for nice, expected in [(0, base), (5, min(19, base + 5))]:
+        pool = OptimizerPool(workers=1, max_queue=0, nice=nice)
+        assert asyncio.run(pool.run(niceness, 5)) == expected
+        pool.shutdown()
+    assert niceness() == base  # the event loop's thread keeps its priority
+
+
 # -- overload: the bounded queue, fail-open or 429 -------------------------------------------------------------
 def _fill_pool(url: str, state: Any, opt: GatedOptimizer, queued: int) -> list[Background]:
     """One optimization running (held at the gate) and ``queued`` more waiting."""
@@ -242,17 +258,18 @@ def test_full_queue_answers_429_when_configured(upstream):
 
 
 def test_a_request_that_would_wait_past_its_budget_fails_open_at_once(upstream):
-    opt = GatedOptimizer(delay=0.6)
+    opt = GatedOptimizer(delay=0.8)
+    opt.inner.optimize(QUESTION, DOCS[:3], ratio=0.5)  # tokenizer loaded: a run takes the delay and little more
     opt.gate.set()
-    with serve_proxy(upstream[1], opt, max_concurrency=1, max_queue=8, time_budget_ms=1000) as (url, state):
-        assert post(url, chat_body()).headers["x-ragopt-status"] == "optimized"  # learns ~0.6 s per run
+    with serve_proxy(upstream[1], opt, max_concurrency=1, max_queue=8, time_budget_ms=1500) as (url, state):
+        assert post(url, chat_body()).headers["x-ragopt-status"] == "optimized"  # learns ~0.8 s per run
         opt.gate.clear()
         opt.delay = 0.0
         held = Background(lambda: post(url, chat_body()))
         wait_until(lambda: opt.started == 2)
         t0 = time.perf_counter()
         r = post(url, chat_body(DOCS[4:6]))
-        assert time.perf_counter() - t0 < 0.5  # estimated 1.2 s > 1 s budget: not queued
+        assert time.perf_counter() - t0 < 0.5  # estimated 1.6 s (wait 0.8 + run 0.8) > 1.5 s budget: not queued
         assert r.headers["x-ragopt-status"] == "fail-open" and r.headers["x-ragopt-reason"] == "overload"
         assert metrics(url)['ragopt_optimizer_shed_total{reason="estimate"}'] == 1
         opt.gate.set()
@@ -380,7 +397,7 @@ def test_upstream_failing_before_answering_is_a_502(handle):
             assert time.perf_counter() - t0 < 5
             assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unavailable"
             assert r.json()["error"]["type"] == "upstream_error"
-            assert upstream_pool_is_clean(state)
+            wait_until(lambda: upstream_pool_is_clean(state), timeout=3)
     finally:
         server.close()
 
@@ -481,7 +498,7 @@ def test_invalid_json_from_the_upstream_is_a_502(upstream, model, status, code):
             client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
         assert exc.value.status_code == status and exc.value.code == code
         assert metrics(url)['ragopt_upstream_errors_total{kind="invalid_response"}'] == 1
-        assert upstream_pool_is_clean(state)
+        wait_until(lambda: upstream_pool_is_clean(state), timeout=3)
 
 
 def test_valid_compressed_json_and_the_upstreams_own_errors_are_relayed_as_sent(upstream):
@@ -500,8 +517,10 @@ def test_client_leaving_mid_stream_closes_the_upstream_stream_and_leaks_no_conne
         fake.gate.clear()
         body = chat_body(None, model="gated", stream=True)
         with httpx.Client() as c, c.stream("POST", f"{url}/v1/chat/completions", content=body) as r:
-            assert next(r.iter_raw()).startswith(b"data: ")
-            assert not upstream_pool_is_clean(state)  # the upstream response is open
+            chunks = r.iter_raw()  # (kept: a discarded generator would close the response at once)
+            assert next(chunks).startswith(b"data: ")
+            time.sleep(0.2)
+            assert not upstream_pool_is_clean(state)  # the upstream response is still open
         wait_until(lambda: upstream_pool_is_clean(state))
         conns = server.server.server_state.connections
         wait_until(lambda: not any(getattr(c, "client", None) == fake.last().client for c in list(conns)))
@@ -608,10 +627,10 @@ def test_malformed_requests_are_clear_400s_and_not_forwarded(upstream, body, cod
 
 def test_bodies_over_the_limit_get_a_413(upstream):
     fake = upstream[0]
-    with serve_proxy(upstream[1], bm25_optimizer(), max_body_bytes=10_000) as (url, _):
+    with serve_proxy(upstream[1], bm25_optimizer(), max_body_bytes=4_000) as (url, _):
         n = len(fake.requests)
         big = chat_body(DOCS)
-        assert len(big) > 10_000
+        assert len(big) > 4_000
         r = post(url, big)  # declared Content-Length
         assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
 
@@ -620,13 +639,13 @@ def test_bodies_over_the_limit_get_a_413(upstream):
                 yield big[i : i + 1000]
 
         r = httpx.post(f"{url}/v1/chat/completions", content=chunks(), timeout=30)
-        assert r.status_code == 413 and "10000 bytes" in r.json()["error"]["message"]
-        r = httpx.post(f"{url}/v1/embeddings", content=b"x" * 20_000, timeout=30)
+        assert r.status_code == 413 and "4000 bytes" in r.json()["error"]["message"]
+        r = httpx.post(f"{url}/v1/embeddings", content=b"x" * 5_000, timeout=30)
         assert r.status_code == 413
         assert len(fake.requests) == n
         assert metrics(url)['ragopt_local_errors_total{kind="too_large"}'] == 3
         ok = chat_body(DOCS[:2])
-        assert len(ok) < 10_000 and post(url, ok).status_code == 200
+        assert len(ok) < 4_000 and post(url, ok).status_code == 200
 
 
 def test_empty_document_blocks_are_left_untouched_and_the_rest_optimized(upstream):
@@ -646,8 +665,8 @@ def test_empty_document_blocks_are_left_untouched_and_the_rest_optimized(upstrea
 
 
 def test_awkward_documents_through_the_proxy(upstream):
-    """Duplicated, binary-ish, CJK/RTL/emoji-heavy and enormous documents: optimized or failed open, kept text
-    verbatim, never a 5xx; requests without context are served meanwhile."""
+    """Duplicated, binary-ish, CJK/RTL/emoji-heavy and enormous (~200 KB) documents, questions in those
+    scripts: optimized, the kept text verbatim, the question untouched."""
     fake = upstream[0]
     cjk = "東京は日本の首都です。人口は約1400万人です。富士山は日本で一番高い山です。" * 3
     rtl = "القاهرة هي عاصمة مصر. يعيش فيها ملايين الناس. نهر النيل يمر بها. " * 3
@@ -660,7 +679,7 @@ def test_awkward_documents_through_the_proxy(upstream):
             content = "\n".join(f"<document>{d}</document>" for d in docs) + f"\n\n{query}"
             body = json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]}).encode()
             r = post(url, body)
-            assert r.status_code == 200 and r.headers["x-ragopt-status"] in ("optimized", "fail-open")
+            assert r.status_code == 200 and r.headers["x-ragopt-status"] == "optimized"
             got = fake.last().json()["messages"][0]["content"]
             assert got.endswith(f"\n\n{query}")
             for kept in re.findall(r"<document>(.*?)</document>", got, flags=re.S):
@@ -679,8 +698,10 @@ def _pieces_of(kept: str, source: str) -> bool:
 
 
 @pytest.mark.model
-def test_a_document_longer_than_the_proxy_window_is_optimized_through_the_proxy(upstream):
-    """The real embedded model; one document of ~3 windows (2048 proxy tokens each) plus a short one."""
+def test_a_document_longer_than_the_proxy_window_is_optimized_through_the_proxy(upstream, caplog):
+    """The real embedded model; one document of ~3 windows (2048 proxy tokens each) plus a short one: the long
+    one is scored in windows (split between its sentences). Then a single sentence longer than a window: it gets
+    a window of its own, with a warning."""
     from rag_opt import ContextOptimizer
 
     fake = upstream[0]
@@ -697,3 +718,13 @@ def test_a_document_longer_than_the_proxy_window_is_optimized_through_the_proxy(
         assert kept
         for doc_id, text in kept.items():
             assert _pieces_of(text, long_doc if doc_id == "long" else short)
+
+        caplog.set_level(logging.WARNING, logger="rag_opt")
+        one_sentence = " ".join(d["text"].replace(".", ",") for d in DOCS) * 2  # no sentence boundary: one unit
+        content = f"<document>{one_sentence}.</document>\n<document>{short}</document>\n\n{QUESTION}"
+        r = post(url, json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]}).encode(), 300)
+        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "optimized"
+        assert int(r.headers["x-ragopt-tokens-after"]) <= 300
+        assert "exceeds the window" in caplog.text
+        got = fake.last().json()["messages"][0]["content"]
+        assert got.endswith(f"\n\n{QUESTION}") and one_sentence not in got  # too big for the budget: dropped

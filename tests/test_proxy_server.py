@@ -26,7 +26,14 @@ from rag_opt.adapters.proxy.app import create_app
 from rag_opt.adapters.proxy.context import RequestError, plan_request
 from rag_opt.adapters.proxy.settings import ProxySettings
 from rag_opt.types import OptimizeResult, OutputDocument
-from tests.upstream_server import ERROR_400, ERROR_500, STREAM_ERROR, FakeUpstream, ServerThread
+from tests.upstream_server import (
+    ERROR_400,
+    ERROR_500,
+    STREAM_ERROR,
+    FakeUpstream,
+    ServerThread,
+    upstream_pool_is_clean,
+)
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 ALL_DOCS = [json.loads(line) for line in (EXAMPLES / "hotpotqa_docs.jsonl").read_text().splitlines() if line.strip()]
@@ -294,12 +301,17 @@ def test_client_disconnect_closes_the_upstream_stream(proxy, upstream, up):
     with httpx.Client() as c:
         body = {"model": "gated", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
         with c.stream("POST", f"{proxy[0]}/v1/chat/completions", json=body) as r:
-            assert next(r.iter_raw()).startswith(b"data: ")
+            chunks = r.iter_raw()  # (kept: a discarded generator would close the response at once)
+            assert next(chunks).startswith(b"data: ")
             assert open_upstream_connection()
+            assert not upstream_pool_is_clean(proxy[1])
     deadline = time.monotonic() + 10
     while open_upstream_connection() and time.monotonic() < deadline:  # the client left mid-stream
         time.sleep(0.05)
     assert not open_upstream_connection()  # so the proxy closed its upstream stream
+    while not upstream_pool_is_clean(proxy[1]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert upstream_pool_is_clean(proxy[1])  # and left nothing behind in its connection pool
     up.gate.set()
 
 

@@ -19,6 +19,7 @@ import functools
 import json
 import logging
 import time
+import traceback
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -38,7 +39,15 @@ from starlette.types import Receive, Scope, Send
 from rag_opt.adapters.proxy.context import ContextPlan, RequestError, plan_request
 from rag_opt.adapters.proxy.metrics import CONTENT_TYPE, Metrics
 from rag_opt.adapters.proxy.pool import BudgetExceeded, OptimizerPool, Overloaded, retry_after_s
-from rag_opt.adapters.proxy.security import Guard, body_for_log, body_log, redact_headers, too_large_body
+from rag_opt.adapters.proxy.security import (
+    Guard,
+    body_for_log,
+    body_log,
+    install_log_filters,
+    redact,
+    redact_headers,
+    too_large_body,
+)
 from rag_opt.adapters.proxy.settings import ProxySettings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -248,7 +257,7 @@ class ProxyState:
             )
         self.optimizer: Optimizer = optimizer
         self.metrics = Metrics()
-        self.pool = OptimizerPool(settings.max_concurrency, settings.max_queue, self.metrics)
+        self.pool = OptimizerPool(settings.max_concurrency, settings.max_queue, self.metrics, settings.optimizer_nice)
         self.metrics.pool_gauges = self.pool.gauges
         self.metrics.optimizer_state = lambda: self.optimizer_state
         self._client: httpx.AsyncClient | None = None
@@ -265,7 +274,9 @@ class ProxyState:
             s = self.settings
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(s.read_timeout, connect=s.connect_timeout, pool=s.connect_timeout),
-                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
+                # idle connections are dropped after 4 s, before common upstream keep-alive timeouts (uvicorn,
+                # hence vLLM and others: 5 s): the proxy never sends a request on a connection being closed
+                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=4.0),
                 follow_redirects=False,
             )
         return self._client
@@ -292,6 +303,14 @@ class ProxyState:
         else:
             self.optimizer_state = "ready"
             logger.info("optimizer ready")
+
+    def why(self, exc: BaseException) -> str:
+        """An exception for a log line: its type, and its message (which may quote request content) only with
+        ``--log-bodies``, redacted; the traceback then at debug level."""
+        if not self.settings.log_bodies:
+            return type(exc).__name__
+        logger.debug("traceback", exc_info=exc)
+        return f"{type(exc).__name__}: {redact(str(exc), self.secrets)}"
 
     @property
     def mode(self) -> str:
@@ -374,8 +393,7 @@ class ProxyState:
             self.metrics.local_error("invalid_request")
             return error_response(400, exc.message, "invalid_request_error", exc.code, exc.param)
         except Exception as exc:  # a bug here must not reach the client
-            logger.warning("finding context failed (%s); forwarding the request unchanged", type(exc).__name__)
-            logger.debug("finding context failed", exc_info=True)
+            logger.warning("finding context failed (%s); forwarding the request unchanged", self.why(exc))
             self.metrics.failed_open("error")
             return raw, Outcome("fail_open", reason="error")
         if not plan.options.enabled:
@@ -413,14 +431,13 @@ class ProxyState:
             )
             return await self._fail_open(plan, "timeout", t0)
         except Exception as exc:
-            logger.warning("optimization failed (%s: %s); forwarding the request unchanged", type(exc).__name__, exc)
-            logger.debug("optimization failed", exc_info=True)
+            logger.warning("optimization failed (%s); forwarding the request unoptimized", self.why(exc))
             return await self._fail_open(plan, "error", t0)
         ms = (time.perf_counter() - t0) * 1e3
         try:
             body = await _off_loop(len(raw), lambda: plan.render(result))
         except Exception as exc:
-            logger.warning("writing the optimized context back failed (%s); forwarding unchanged", exc)
+            logger.warning("writing the optimized context back failed (%s); forwarding unchanged", self.why(exc))
             return await self._fail_open(plan, "error", t0)
         self.metrics.optimization(
             ms / 1e3, result.tokens_before, result.tokens_after, len(plan.documents), len(result.documents)
@@ -436,7 +453,7 @@ class ProxyState:
         try:
             return await _off_loop(len(plan.raw), lambda: plan.render(result))
         except Exception as exc:  # pragma: no cover - last resort: the original bytes
-            logger.warning("rewriting the request failed (%s); forwarding the original bytes", exc)
+            logger.warning("rewriting the request failed (%s); forwarding the original bytes", self.why(exc))
             return plan.raw
 
     async def _optimize(self, plan: ContextPlan) -> OptimizeResult:
@@ -571,7 +588,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
-    logger.error("unexpected error (%s)", type(exc).__name__, exc_info=exc)
+    # the frames, not the message: it may quote request content
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    logger.error("unexpected error (%s) at\n%s", type(exc).__name__, frames)
     return error_response(500, "internal error in the rag-opt proxy", "server_error", None)
 
 
@@ -582,6 +601,7 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
     ``app.state.ragopt`` is the :class:`ProxyState` (metrics, optimizer, settings, pool).
     """
     state = ProxyState(settings, optimizer)
+    install_log_filters()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -12,12 +12,17 @@ finish within its time budget:
 An admitted job that is still waiting when its budget runs out is cancelled (it never runs: no wasted work);
 one that is running is left to finish (a thread cannot be interrupted), its result discarded, and it keeps its
 worker busy meanwhile, which the admission estimate accounts for. :class:`BudgetExceeded` says which.
+
+Worker threads run at a lower CPU priority (``nice``, Linux) than the event loop: on a busy CPU, requests
+without context keep being served at full speed and optimizations take the time left over.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -61,13 +66,15 @@ class _Job(Generic[T]):
 class OptimizerPool:
     """``workers`` threads and at most ``max_queue`` waiting jobs; see the module docstring."""
 
-    def __init__(self, workers: int, max_queue: int, metrics: Metrics | None = None) -> None:
+    def __init__(self, workers: int, max_queue: int, metrics: Metrics | None = None, nice: int = 0) -> None:
         if workers < 1 or max_queue < 0:
             raise ValueError("workers must be >= 1 and max_queue >= 0")
         self.workers = workers
         self.max_queue = max_queue
         self.metrics = metrics or Metrics()
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rag-opt")
+        self._executor = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="rag-opt", initializer=_lower_priority, initargs=(nice,)
+        )
         self._lock = threading.Lock()
         self._queued = 0  # admitted, not started (and not cancelled)
         self._busy = 0  # running on a worker, timed-out ones included
@@ -175,6 +182,19 @@ class OptimizerPool:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _lower_priority(nice: int) -> None:
+    """Raise this worker thread's nice value by ``nice`` (Linux schedules threads on their own): under CPU
+    contention the kernel then runs the event loop first, so requests keep flowing while optimizations run.
+    Threads the worker starts (torch's intra-op pool) inherit it. Elsewhere, or if refused, nothing changes."""
+    if nice <= 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+    except (OSError, AttributeError):  # pragma: no cover
+        pass
 
 
 def _consume(fut: asyncio.Future[Any]) -> None:

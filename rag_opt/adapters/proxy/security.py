@@ -85,6 +85,27 @@ def body_for_log(body: bytes, secrets: Iterable[str] = ()) -> str:
     return json.dumps(text, ensure_ascii=False) + (f" ... ({len(body)} bytes in all)" if cut else "")
 
 
+class _RedactURLs(logging.Filter):
+    """On the ``httpx`` logger (its INFO line ``HTTP Request: POST <url> ...``): URLs without query strings or
+    user-info, which may carry credentials."""
+
+    _URL = re.compile(r"(https?://)(?:[^/@\s]*@)?([^?\s]*)\?\S*")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.args and isinstance(record.args, tuple):
+            record.args = tuple(
+                self._URL.sub(r"\1\2?[redacted]", str(a)) if "://" in str(a) else a for a in record.args
+            )
+        return True
+
+
+def install_log_filters() -> None:
+    """Keep credentials in URLs out of httpx's request log (idempotent)."""
+    httpx_logger = logging.getLogger("httpx")
+    if not any(isinstance(f, _RedactURLs) for f in httpx_logger.filters):
+        httpx_logger.addFilter(_RedactURLs())
+
+
 def _error_body(message: str, type_: str, code: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
 

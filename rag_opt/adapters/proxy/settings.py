@@ -62,6 +62,9 @@ class ProxySettings(BaseModel):
         default="fail-open", description="when the optimizer is overloaded: forward unoptimized, or answer 429"
     )
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1, description="larger request bodies get a 413")
+    optimizer_nice: int = Field(
+        default=10, ge=0, le=19, description="CPU priority of the optimizer threads below the event loop (Linux)"
+    )
     connect_timeout: float = Field(default=10.0, gt=0, description="seconds to connect to the upstream")
     read_timeout: float = Field(default=600.0, gt=0, description="seconds between bytes from the upstream")
     warmup: bool = Field(default=True, description="load the proxy model at start-up (in the background)")
