@@ -60,6 +60,14 @@ class Probe:
         return 1.0 / (1.0 + np.exp(-z))
 
     def check_compatible(self, model: str, num_layers: int, num_heads: int) -> None:
+        from rag_opt.attention import TEMPLATE_ID
+
+        template = self.metadata.get("template")
+        if template is not None and template != TEMPLATE_ID:
+            raise ProbeMismatchError(
+                f"probe was trained with prompt template {template!r}, rag-opt now renders {TEMPLATE_ID!r}: "
+                "retrain it with `rag-opt train-probe`"
+            )
         if (self.layout.num_layers, self.layout.num_heads) != (num_layers, num_heads):
             raise ProbeMismatchError(
                 f"probe for {self.model!r} expects {self.layout.num_layers} layers × {self.layout.num_heads} "

@@ -177,7 +177,8 @@ def train_probe_cli(
         l2=l2,
         seed=seed,
         meta={
-            "trained_on": f"{Path(data).name}: {len(np.unique(groups))} questions, {len(y)} sentences",
+            "trained_on": f"{Path(data).parent.name}/{Path(data).name}: {len(np.unique(groups))} questions, "
+            f"{len(y)} sentences",
             "positives": int(y.sum()),
             "labels": "supporting facts + sentences containing the answer (yes/no answers mark no sentence)",
             "seed": seed,

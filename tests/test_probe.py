@@ -33,6 +33,10 @@ def test_layout_mismatch_is_refused(tmp_path):
         _probe(model="other").check_compatible("embedded:smollm2-135m", 30, 9)
     with pytest.raises(ProbeMismatchError, match="expects"):
         p.predict_proba(np.zeros((2, 3)))
+    old = _probe()
+    old.metadata["template"] = "ctx-q-v1"
+    with pytest.raises(ProbeMismatchError, match="prompt template"):
+        old.check_compatible("embedded:smollm2-135m", 30, 9)
 
 
 def test_invalid_probe_files(tmp_path):
