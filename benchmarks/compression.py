@@ -225,6 +225,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def attach_llmlingua(results: dict[str, Any]) -> None:
+    """Add LongLLMLingua's figures from benchmarks/llmlingua_baseline.py (run separately: ~25–150 s per question
+    here, so on a prefix of the same questions) when its results file exists."""
+    path = RESULTS / "llmlingua.json"
+    if path.is_file():
+        results["llmlingua"] = json.loads(path.read_text())
+
+
 def print_table(results: dict[str, Any]) -> None:
     print(f"HotpotQA dev: {results['hotpot_questions']} questions; SQuAD 2.0 dev: {results['squad_questions']}")
     head = f"{'method':<36} {'target':>6} {'sf_rec':>7} {'all_kept':>8} {'answer':>7} {'ratio':>6} {'max':>6}"
@@ -246,7 +254,16 @@ def print_table(results: dict[str, Any]) -> None:
         f"(per-question median {lat['median_per_question_ratio']:.2f}×)"
     )
     if "llmlingua" in results:
-        print("LongLLMLingua:", json.dumps(results["llmlingua"]))
+        ll = results["llmlingua"]
+        for r, m in ll.get("by_ratio", {}).items():
+            print(
+                f"{'LongLLMLingua (SmolLM2, separate run)':<36} {float(r):>6.3f} "
+                f"{m.get('sf_recall', float('nan')):>7.3f} "
+                f"{m.get('all_facts_kept', float('nan')):>8.3f} {m.get('answer_retention', float('nan')):>7.3f} "
+                f"{m.get('ratio', float('nan')):>6.3f} {m.get('max_ratio', float('nan')):>6.3f}     n/a     n/a"
+                f"   ({ll.get('questions')} questions; supporting facts counted only if kept verbatim; "
+                f"median {m.get('median_latency_s', float('nan')):.0f} s/question)"
+            )
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -262,7 +279,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.plot(xs, ys, marker="o", label=name)
     if "llmlingua" in results:
         for r, m in results["llmlingua"].get("by_ratio", {}).items():
-            ax.scatter([float(r)], [m.get("answer_retention", float("nan"))], marker="x", color="k")
+            ax.scatter([float(r)], [m.get("sf_recall", float("nan"))], marker="x", color="k", label="LongLLMLingua")
     ax.set_xlabel("target ratio (share of o200k tokens kept)")
     ax.set_ylabel("supporting-fact recall (HotpotQA dev)")
     ax.set_title(f"Sentence compression, {results['hotpot_questions']} HotpotQA dev questions")
@@ -280,12 +297,20 @@ def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--probe", default="auto")
     ap.add_argument("--out", default=str(RESULTS / "compression"))
+    ap.add_argument("--report-only", action="store_true", help="re-print and re-plot the saved results")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    out = Path(args.out)
+    if args.report_only:
+        results = json.loads(out.with_suffix(".json").read_text())
+        attach_llmlingua(results)
+        plot(results, out.with_suffix(".png"))
+        print_table(results)
+        return
     if not (data_dir() / "hotpotqa" / "dev.jsonl.gz").is_file():
         raise SystemExit(f"real data not found under {data_dir()}: this benchmark needs ../shared/data")
     results = run(args)
-    out = Path(args.out)
+    attach_llmlingua(results)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2))
     plot(results, out.with_suffix(".png"))
