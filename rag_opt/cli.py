@@ -261,24 +261,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-def _cmd_optimize(args: argparse.Namespace) -> int:
-    from rag_opt.pipeline import ContextOptimizer
-
+def _check_query_args(args: argparse.Namespace) -> None:
     if not args.query.strip():
         raise UserError("--query is empty")
     if args.threshold is not None and not 0 <= args.threshold <= 1:
         raise UserError(f"--threshold must be in [0, 1], got {args.threshold}")
-    docs = read_documents(args.input)
-    opt = ContextOptimizer(
+
+
+def _optimizer(args: argparse.Namespace) -> Any:
+    """A ContextOptimizer from the shared model/target/ordering/probe arguments."""
+    from rag_opt.pipeline import ContextOptimizer
+
+    return ContextOptimizer(
         model=args.model,
         device=args.device,
         dtype=args.dtype,
         target=args.target,
         ordering=args.ordering,
         probe=None if args.probe == "none" else args.probe,
-        keep_best_per_doc=args.keep_best_per_doc,
-        keep_first=args.keep_first,
+        keep_best_per_doc=getattr(args, "keep_best_per_doc", False),
+        keep_first=getattr(args, "keep_first", False),
     )
+
+
+def _cmd_optimize(args: argparse.Namespace) -> int:
+    _check_query_args(args)
+    docs = read_documents(args.input)
+    opt = _optimizer(args)
     result = opt.optimize(
         args.query, docs, ratio=args.ratio, target_tokens=args.target_tokens, threshold=args.threshold
     )
@@ -298,13 +307,9 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from rag_opt.pipeline import ContextOptimizer
     from rag_opt.report import DEFAULT_EXPLAIN_RATIO, render_html
 
-    if not args.query.strip():
-        raise UserError("--query is empty")
-    if args.threshold is not None and not 0 <= args.threshold <= 1:
-        raise UserError(f"--threshold must be in [0, 1], got {args.threshold}")
+    _check_query_args(args)
     out = Path(args.out) if args.out != "-" else None
     if out is not None and not out.parent.is_dir():
         raise UserError(f"output folder not found: {out.parent}")
@@ -312,14 +317,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     ratio = args.ratio
     if ratio is None and args.target_tokens is None and args.threshold is None:
         ratio = DEFAULT_EXPLAIN_RATIO
-    opt = ContextOptimizer(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        target=args.target,
-        ordering=args.ordering,
-        probe=None if args.probe == "none" else args.probe,
-    )
+    opt = _optimizer(args)
     result = opt.optimize(args.query, docs, ratio=ratio, target_tokens=args.target_tokens, threshold=args.threshold)
     page = render_html(result, docs)
     if out is None:

@@ -145,12 +145,21 @@ def test_compressor_empty_and_bad_input(bm25_opt) -> None:
         scored.compress_documents([Document(page_content="A sentence.", metadata={"bm25": "high"})], "who?")
 
 
-def test_score_key_feeds_relevance_ordering() -> None:
-    # no compression: nothing is scored, so "relevance" ordering falls back to the retriever's score
-    docs = [Document(page_content=f"Sentence {i}.", metadata={"s": s}, id=f"d{i}") for i, s in enumerate([1, 3, 2])]
-    out = RagOptCompressor(ordering="relevance", score_key="s").compress_documents(docs, "which?")
+def test_relevance_ordering_without_compression_uses_our_scores() -> None:
+    # ordering by relevance scores the documents (here with the BM25 scorer) and keeps every sentence;
+    # the retriever's score (score_key) is carried along, not used, when our relevance exists
+    texts = ["Rome is in Italy.", "Paris is the capital of France.", "France borders Spain."]
+    docs = [
+        Document(page_content=t, metadata={"s": s}, id=f"d{i}")
+        for i, (t, s) in enumerate(zip(texts, [3, 1, 2], strict=True))
+    ]
+    opt = ContextOptimizer(scorer=BM25Scorer())
+    out = RagOptCompressor(optimizer=opt, ordering="relevance", score_key="s").compress_documents(
+        docs, "capital of France?"
+    )
     assert [d.id for d in out] == ["d1", "d2", "d0"]
-    assert [d.metadata["s"] for d in out] == [3, 2, 1]
+    assert [d.page_content for d in out] == [texts[1], texts[2], texts[0]]
+    assert [d.metadata["s"] for d in out] == [1, 2, 3]
 
 
 # -- the runnable ---------------------------------------------------------------------------------------------

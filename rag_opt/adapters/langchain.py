@@ -25,7 +25,7 @@ from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackMa
 from langchain_core.documents import BaseDocumentCompressor
 from langchain_core.documents import Document as LCDocument
 from langchain_core.runnables import RunnableConfig, RunnableSerializable, run_in_executor
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from typing_extensions import Self, TypedDict
 
 from rag_opt.pipeline import ORDERINGS, ContextOptimizer, check_budget_args
@@ -219,18 +219,8 @@ _OPTIMIZER_DOC = "the ContextOptimizer to use (default: a new ContextOptimizer()
 
 
 # -- the compressor -------------------------------------------------------------------------------------------
-class RagOptCompressor(BaseDocumentCompressor):
-    """rag-opt as a LangChain document compressor (sync and async).
-
-    ``ContextualCompressionRetriever(base_compressor=RagOptCompressor(ratio=0.5), base_retriever=retriever)``
-
-    Args:
-        optimizer: the :class:`~rag_opt.ContextOptimizer` (holds model, target tokenizer and defaults).
-        ratio / target_tokens / threshold: compression for each call (at most one; none = the optimizer's).
-        ordering: document ordering (None = the optimizer's).
-        metadata_key: where rag-opt's scores and kept offsets go in each output's metadata.
-        score_key: a metadata key holding the retriever's score (used when ordering needs a fallback).
-    """
+class _RagOptSettings(BaseModel):
+    """The settings shared by the compressor and the runnable (validated when the object is built)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -246,6 +236,20 @@ class RagOptCompressor(BaseDocumentCompressor):
     def _validate(self) -> Self:
         _check_settings(self.ratio, self.target_tokens, self.threshold, self.ordering)
         return self
+
+
+class RagOptCompressor(_RagOptSettings, BaseDocumentCompressor):
+    """rag-opt as a LangChain document compressor (sync and async).
+
+    ``ContextualCompressionRetriever(base_compressor=RagOptCompressor(ratio=0.5), base_retriever=retriever)``
+
+    Args:
+        optimizer: the :class:`~rag_opt.ContextOptimizer` (holds model, target tokenizer and defaults).
+        ratio / target_tokens / threshold: compression for each call (at most one; none = the optimizer's).
+        ordering: document ordering (None = the optimizer's).
+        metadata_key: where rag-opt's scores and kept offsets go in each output's metadata.
+        score_key: a metadata key holding the retriever's score (used when ordering needs a fallback).
+    """
 
     def compress_documents(
         self,
@@ -277,7 +281,7 @@ class RagOptCompressor(BaseDocumentCompressor):
 
 
 # -- the LCEL runnable ----------------------------------------------------------------------------------------
-class RagOptRunnable(RunnableSerializable[RagOptInput | list[LCDocument], list[LCDocument]]):
+class RagOptRunnable(_RagOptSettings, RunnableSerializable[RagOptInput | list[LCDocument], list[LCDocument]]):
     """rag-opt as an LCEL runnable: ``{"question", "documents"}`` (or a list of documents) → ``Document`` s.
 
     In a chain::
@@ -294,21 +298,6 @@ class RagOptRunnable(RunnableSerializable[RagOptInput | list[LCDocument], list[L
     callbacks) and ``configurable_fields`` on ``ratio``, ``target_tokens``, ``threshold`` and ``ordering``.
     Runs are traced as chain runs named ``RagOptRunnable`` unless renamed.
     """
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    optimizer: ContextOptimizer = Field(default_factory=ContextOptimizer, exclude=True, description=_OPTIMIZER_DOC)
-    ratio: float | None = None
-    target_tokens: int | None = None
-    threshold: float | None = None
-    ordering: str | None = None
-    metadata_key: str = METADATA_KEY
-    score_key: str | None = None
-
-    @model_validator(mode="after")
-    def _validate(self) -> Self:
-        _check_settings(self.ratio, self.target_tokens, self.threshold, self.ordering)
-        return self
 
     @property
     def InputType(self) -> Any:  # noqa: N802 - LangChain's name
