@@ -66,6 +66,14 @@ def test_shipped_probe_matches_the_embedded_model():
     assert "trained_on" in p.metadata and "hotpot" in p.metadata["trained_on"]
 
 
+def test_shipped_qwen_probe_matches_its_architecture():
+    p = shipped_probe("embedded:qwen2.5-coder-0.5b")
+    assert p is not None
+    p.check_compatible("embedded:qwen2.5-coder-0.5b", 24, 14)
+    with pytest.raises(ProbeMismatchError):
+        p.check_compatible("embedded:smollm2-135m", 30, 9)
+
+
 @pytest.mark.model
 def test_mismatched_probe_file_refused_by_the_compressor(proxy, tmp_path):
     from rag_opt.compressors import SentinelCompressor
