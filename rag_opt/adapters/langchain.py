@@ -237,6 +237,19 @@ class _RagOptSettings(BaseModel):
         _check_settings(self.ratio, self.target_tokens, self.threshold, self.ordering)
         return self
 
+    def _run(self, query: Any, documents: Any) -> list[LCDocument]:
+        return _run_optimize(
+            self.optimizer,
+            query,
+            documents,
+            ratio=self.ratio,
+            target_tokens=self.target_tokens,
+            threshold=self.threshold,
+            ordering=self.ordering,
+            metadata_key=self.metadata_key,
+            score_key=self.score_key,
+        )
+
 
 class RagOptCompressor(_RagOptSettings, BaseDocumentCompressor):
     """rag-opt as a LangChain document compressor (sync and async).
@@ -258,17 +271,7 @@ class RagOptCompressor(_RagOptSettings, BaseDocumentCompressor):
         callbacks: Callbacks | None = None,
     ) -> Sequence[LCDocument]:
         """Optimize ``documents`` for ``query``; returns the kept documents in output order."""
-        return _run_optimize(
-            self.optimizer,
-            query,
-            documents,
-            ratio=self.ratio,
-            target_tokens=self.target_tokens,
-            threshold=self.threshold,
-            ordering=self.ordering,
-            metadata_key=self.metadata_key,
-            score_key=self.score_key,
-        )
+        return self._run(query, documents)
 
     async def acompress_documents(
         self,
@@ -340,17 +343,7 @@ class RagOptRunnable(_RagOptSettings, RunnableSerializable[RagOptInput | list[LC
         self, input: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig
     ) -> list[LCDocument]:
         question, documents = self._split_input(input, config)
-        return _run_optimize(
-            self.optimizer,
-            question,
-            documents,
-            ratio=self.ratio,
-            target_tokens=self.target_tokens,
-            threshold=self.threshold,
-            ordering=self.ordering,
-            metadata_key=self.metadata_key,
-            score_key=self.score_key,
-        )
+        return self._run(question, documents)
 
     async def _aoptimize(
         self, input: Any, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
