@@ -32,6 +32,7 @@ from tests.upstream_server import (
     STREAM_ERROR,
     FakeUpstream,
     ServerThread,
+    parse_metrics,
     upstream_pool_is_clean,
 )
 
@@ -77,15 +78,6 @@ def assert_compressed(original: str, new: str, docs: list[dict[str, Any]] = DOCS
         assert body.startswith("\n") and body.endswith("\n")
         assert_verbatim(body.strip(), source)
     assert len(new) < len(original)
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
 
 
 class RaisingOptimizer:
