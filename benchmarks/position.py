@@ -3,14 +3,18 @@
 For N documents with the gold passage at each position of the lost-in-the-middle grid, rank the documents by
   - raw attention: share of the final token's attention on each document, mean over layers and heads;
   - FITM-calibrated attention: the same minus the per-slot share measured with non-relevant documents;
-  - rag-opt: the document relevance `optimize()` reports (the sentence probe's best sentence per document);
-  - BM25 over "title. text";
+  - rag-opt: the document relevance ``optimize()`` reports — the document probe over position-calibrated
+    per-head attention plus lexical features (``rag_opt.doc_relevance``);
+  - best sentence: the sentence probe's best sentence per document (rag-opt's uncalibrated fallback);
+  - BM25 over the rendered document ("title\\ntext");
   - retriever order (the input order);
-and report gold Recall@1 / Recall@3 per gold position, the spread across positions (min/max) and the raw
-attention each slot receives (the U-curve). Questions come from the NQ `test` split (never trained on); the
-positional profiles from the `calibration` split (`rag-opt calibrate`), built here when missing.
+and report gold Recall@1 / Recall@3 per gold position, the spread across positions (min/max of Recall@3) and the
+raw attention each slot receives (the U-curve). Questions come from the NQ ``test`` split (the document probe
+trains on the ``train`` split, profiles come from the ``calibration`` split: no overlap). Attention features are
+cached on disk, so re-running (e.g. with another probe via ``--compare-probe``) costs no forward pass.
 
-    python benchmarks/position.py --n-docs 10,20,30 --questions 20      # → benchmarks/results/position.{json,png}
+    python benchmarks/position.py --n-docs 10,20,30 --questions 30 --kv-questions 8
+        # → benchmarks/results/position.{json,png}
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +30,14 @@ import numpy as np
 
 from rag_opt.attention import VIEWS, extract
 from rag_opt.calibration import PositionProfile, ProfileStore, estimate_profile, nq_calibration_contexts
-from rag_opt.compressors import SentinelCompressor
-from rag_opt.datasets import NQExample, data_dir, nq_split, read_jsonl, read_nq_multidoc
-from rag_opt.features import ContextUnits
+from rag_opt.compressors.base import doc_scores_from_units
+from rag_opt.datasets import data_dir, read_jsonl
+from rag_opt.doc_relevance import document_relevance
+from rag_opt.features import ContextUnits, build_features
 from rag_opt.lexical import bm25_scores
-from rag_opt.proxy import ProxyModel
-from rag_opt.text import segment
+from rag_opt.probe import Probe, shipped_probe
+from rag_opt.proxy import ProxyModel, cache_dir, load_proxy
+from rag_opt.train_docs import NQInstance, extract_nq, nq_cache, nq_records
 
 logger = logging.getLogger("bench.position")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -52,109 +59,182 @@ def profile_for(proxy: ProxyModel, n_docs: int, contexts: int) -> PositionProfil
     return prof
 
 
-def units_for(docs: list[dict[str, str]]) -> ContextUnits:
-    texts = []
-    for d in docs:
-        segs = segment(d["text"])
-        texts.append([f"{d['title']}\n", *(d["text"][s.start : s.end] for s in segs)])
-    return ContextUnits(docs=texts, candidate=[[False] + [True] * (len(t) - 1) for t in texts])
+def nq_method_scores(
+    inst: NQInstance,
+    attn: Any,
+    prof: PositionProfile,
+    doc_probe: Probe,
+    sentence_probe: Probe | None,
+    compare: dict[str, Probe],
+) -> dict[str, np.ndarray]:
+    q = inst.example.question
+    units = inst.units()
+    mass = attn.doc_mass.astype(np.float64)  # (n_docs, views, L, H)
+    out = {
+        "raw attention": mass[:, LAST].mean(axis=(1, 2)),
+        "calibrated attention (FITM)": prof.calibrate(mass)[:, LAST].mean(axis=(1, 2)),
+        "rag-opt (doc probe, calibrated)": document_relevance(doc_probe, attn, q, units, prof),
+    }
+    for label, probe in compare.items():
+        out[label] = document_relevance(probe, attn, q, units, prof)
+    if sentence_probe is not None:
+        cu = ContextUnits(docs=units, candidate=[[False] + [True] * (len(u) - 1) for u in units])
+        unit = sentence_probe.predict_proba(build_features(sentence_probe.layout, attn, q, cu))
+        out["best sentence (sentence probe)"] = doc_scores_from_units(np.asarray(unit, dtype=np.float64), cu)
+    out["BM25"] = bm25_scores(q, ["".join(u) for u in units])
+    out["retriever order"] = -np.arange(inst.n_docs, dtype=np.float64)
+    return out
 
 
-def run_nq(sentinel: SentinelCompressor, ex: NQExample, n_docs: int, gold_at: int, prof: PositionProfile) -> dict:
-    docs = ex.documents(n_docs, gold_at)
-    units = units_for(docs)
-    sc = sentinel.score(ex.question, units)
-    assert sc.attention is not None
-    mass = sc.attention.doc_mass  # (n_docs, views, L, H)
-    raw = mass[:, LAST].mean(axis=(1, 2))
-    cal = prof.calibrate(mass)[:, LAST].mean(axis=(1, 2))
-    bm = bm25_scores(ex.question, [f"{d['title']}. {d['text']}" for d in docs])
-    retriever = -np.arange(n_docs, dtype=np.float64)
-    methods = {"raw attention": raw, "calibrated attention (FITM)": cal, "rag-opt": sc.doc, "BM25": bm}
-    methods["retriever order"] = retriever
-    return {name: rank_of_gold(np.asarray(s, dtype=np.float64), gold_at) for name, s in methods.items()}
+def run_nq(
+    proxy: ProxyModel,
+    n_docs: int,
+    questions: int,
+    cache_root: str,
+    prof: PositionProfile,
+    doc_probe: Probe,
+    sentence_probe: Probe | None,
+    compare: dict[str, Probe],
+) -> dict[str, Any]:
+    records = nq_records(data_dir() / "nq_multidoc" / "public.jsonl.gz", "test")[:questions]
+    insts = [NQInstance(ex, n_docs, g) for g in GRID[n_docs] for ex in records]
+    cache = nq_cache(cache_root, proxy.name, "test", n_docs)
+    extract_nq(insts, cache, proxy, desc=f"NQ test, {n_docs} documents")
+    feats = cache.load(i.id for i in insts)
+    per_pos: dict[str, dict[str, dict[str, float]]] = {}
+    for gold_at in GRID[n_docs]:
+        ranks: dict[str, list[int]] = {}
+        for inst in insts:
+            if inst.gold_at != gold_at:
+                continue
+            for name, s in nq_method_scores(inst, feats[inst.id], prof, doc_probe, sentence_probe, compare).items():
+                ranks.setdefault(name, []).append(rank_of_gold(np.asarray(s, dtype=np.float64), gold_at))
+        per_pos[str(gold_at)] = {
+            name: {"recall@1": float(np.mean(np.array(r) <= 1)), "recall@3": float(np.mean(np.array(r) <= 3))}
+            for name, r in ranks.items()
+        }
+    spread = {}
+    for name in next(iter(per_pos.values())):
+        r3 = [per_pos[p][name]["recall@3"] for p in per_pos]
+        spread[name] = min(r3) / max(r3) if max(r3) > 0 else 0.0
+    return {
+        "questions_per_position": len(records),
+        "positions": per_pos,
+        "recall@3_min_over_max": spread,
+        "slot_attention": prof.slot_attention("last").tolist(),
+        "profile_contexts": prof.contexts,
+    }
 
 
 def run_kv(proxy: ProxyModel, n_keys: int, questions: int, positions: list[int]) -> dict[str, Any]:
+    """Mean rank of the queried key-value pair by raw vs calibrated attention (mean over layers and heads).
+
+    The positional profile is measured on the same kind of context with a query key that is *not* in the list
+    (every slot non-relevant), from records other than the measured ones."""
+    from tqdm.auto import tqdm
+
     path = data_dir() / "lost_in_the_middle" / "kv_retrieval_data" / f"kv-retrieval-{n_keys}_keys.jsonl.gz"
-    recs = list(read_jsonl(path))[:questions]
-    out: dict[str, Any] = {}
-    profile_total: np.ndarray | None = None
-    rows: list[tuple[int, np.ndarray, str]] = []
+    recs = list(read_jsonl(path))[: 2 * questions]
+    measured, held = recs[:questions], recs[questions:]
+
+    def mass_of(kv: list[tuple[str, str]], key: str) -> np.ndarray:
+        units = [[f'"{k}": "{v}",\n'] for k, v in kv]
+        feats = extract(proxy, units, f'Key: "{key}"\nCorresponding value:', max_tokens=8192)
+        return np.asarray(feats.doc_mass[:, LAST].mean(axis=(1, 2)), dtype=np.float64)
+
+    baseline = np.zeros(n_keys)
+    for i, rec in enumerate(tqdm(held, desc="kv profile (absent key)")):
+        kv = [(str(k), str(v)) for k, v in rec["ordered_kv_records"]]
+        baseline += mass_of(kv, str(measured[i % len(measured)]["key"]))
+    baseline /= len(held)
+    out: dict[str, Any] = {"questions_per_position": questions, "positions": {}}
     for pos in positions:
-        for rec in recs:
-            kv = [tuple(p) for p in rec["ordered_kv_records"]]  # type: ignore[union-attr]
-            gold = (rec["key"], rec["value"])
+        raw_r, cal_r = [], []
+        for rec in tqdm(measured, desc=f"kv gold@{pos}"):
+            kv = [(str(k), str(v)) for k, v in rec["ordered_kv_records"]]
+            gold = (str(rec["key"]), str(rec["value"]))
             kv = [p for p in kv if p[0] != gold[0]]
             kv.insert(pos, gold)
-            units = [[f'"{k}": "{v}",\n'] for k, v in kv]
-            feats = extract(proxy, units, f'Key: "{gold[0]}"\nCorresponding value:', max_tokens=8192)
-            mass = feats.doc_mass[:, LAST].mean(axis=(1, 2))
-            rows.append((pos, mass, str(gold[0])))
-            profile_total = mass if profile_total is None else profile_total + mass
-    assert profile_total is not None
-    baseline = profile_total / len(rows)  # leave-in mean over all contexts: the positional profile
-    for pos in positions:
-        raw_ranks = [rank_of_gold(m, pos) for p, m, _ in rows if p == pos]
-        cal_ranks = [rank_of_gold(m - baseline, pos) for p, m, _ in rows if p == pos]
-        out[str(pos)] = {"raw_mean_rank": float(np.mean(raw_ranks)), "calibrated_mean_rank": float(np.mean(cal_ranks))}
+            m = mass_of(kv, gold[0])
+            raw_r.append(rank_of_gold(m, pos))
+            cal_r.append(rank_of_gold(m - baseline, pos))
+        out["positions"][str(pos)] = {
+            "raw_mean_rank": float(np.mean(raw_r)),
+            "calibrated_mean_rank": float(np.mean(cal_r)),
+            "raw_recall@1": float(np.mean(np.array(raw_r) <= 1)),
+            "calibrated_recall@1": float(np.mean(np.array(cal_r) <= 1)),
+        }
+    out["slot_attention"] = baseline.tolist()
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n-docs", default="10,20,30")
-    ap.add_argument("--questions", type=int, default=20, help="NQ test questions per gold position")
-    ap.add_argument("--calibration-contexts", type=int, default=50)
+    ap.add_argument("--questions", type=int, default=30, help="NQ test questions per gold position")
+    ap.add_argument("--calibration-contexts", type=int, default=30, help="contexts for a profile built here")
     ap.add_argument("--kv-questions", type=int, default=0, help="key-value retrieval questions per position (0: skip)")
     ap.add_argument("--model", default=None)
+    ap.add_argument("--doc-probe", default=None, help="document probe JSON (default: the shipped one)")
+    ap.add_argument("--compare-probe", action="append", default=[], help="LABEL=PATH: also rank with this probe")
+    ap.add_argument("--cache", default=str(cache_dir() / "features"), help="attention feature cache folder")
     ap.add_argument("--out", default=str(RESULTS / "position"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    from tqdm.auto import tqdm
+    nq = data_dir() / "nq_multidoc" / "public.jsonl.gz"
+    if not nq.is_file():
+        sys.exit(f"NQ multi-document data not found at {nq} (set RAG_OPT_DATA_DIR or check ../shared/data)")
 
-    sentinel = SentinelCompressor.from_model(args.model, max_tokens=8192)
-    records = nq_split(read_nq_multidoc(data_dir() / "nq_multidoc" / "public.jsonl.gz"), "test")
-    results: dict[str, Any] = {"questions_per_position": args.questions, "n_docs": {}}
+    proxy = load_proxy(args.model)
+    doc_probe = Probe.load(args.doc_probe) if args.doc_probe else shipped_probe(proxy.name, "document")
+    if doc_probe is None:
+        sys.exit(f"no document probe for {proxy.name}: train one with `rag-opt train-doc-probe` and pass --doc-probe")
+    compare = {}
+    for spec in args.compare_probe:
+        label, _, path = spec.partition("=")
+        compare[label] = Probe.load(path)
+    sentence_probe = shipped_probe(proxy.name)
+    results: dict[str, Any] = {"model": proxy.name, "doc_probe": doc_probe.metadata, "n_docs": {}}
     for n_docs in (int(x) for x in args.n_docs.split(",")):
-        prof = profile_for(sentinel.proxy, n_docs, args.calibration_contexts)
-        eligible = [ex for ex in records if len(ex.distractors) >= n_docs - 1][: args.questions]
-        per_pos: dict[str, dict[str, dict[str, float]]] = {}
-        for gold_at in GRID[n_docs]:
-            ranks: dict[str, list[int]] = {}
-            for ex in tqdm(eligible, desc=f"N={n_docs} gold@{gold_at}", mininterval=10):
-                for name, r in run_nq(sentinel, ex, n_docs, gold_at, prof).items():
-                    ranks.setdefault(name, []).append(r)
-            per_pos[str(gold_at)] = {
-                name: {"recall@1": float(np.mean(np.array(r) <= 1)), "recall@3": float(np.mean(np.array(r) <= 3))}
-                for name, r in ranks.items()
-            }
-        spread = {}
-        for name in next(iter(per_pos.values())):
-            r3 = [per_pos[p][name]["recall@3"] for p in per_pos]
-            spread[name] = min(r3) / max(r3) if max(r3) > 0 else 0.0
-        results["n_docs"][str(n_docs)] = {
-            "positions": per_pos,
-            "recall@3_min_over_max": spread,
-            "slot_attention": prof.slot_attention("last").tolist(),
-            "profile_contexts": prof.contexts,
-        }
+        prof = profile_for(proxy, n_docs, args.calibration_contexts)
+        results["n_docs"][str(n_docs)] = run_nq(
+            proxy, n_docs, args.questions, args.cache, prof, doc_probe, sentence_probe, compare
+        )
     if args.kv_questions:
-        results["kv_retrieval_75"] = run_kv(sentinel.proxy, 75, args.kv_questions, [0, 24, 49, 74])
+        results["kv_retrieval_75"] = run_kv(proxy, 75, args.kv_questions, [0, 24, 49, 74])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2))
     plot(results, out.with_suffix(".png"))
+    print(report(results))
+
+
+def report(results: dict[str, Any]) -> str:
+    lines = []
     for n, res in results["n_docs"].items():
-        print(f"N={n} documents, {args.questions} NQ test questions per gold position: Recall@3 by gold position")
+        q = res["questions_per_position"]
+        lines.append(
+            f"\nN={n} documents, {q} NQ test questions per gold position: Recall@3 (Recall@1) by gold position"
+        )
         names = list(res["recall@3_min_over_max"])
-        print(f"{'method':<30}" + "".join(f"{'@' + p:>8}" for p in res["positions"]) + f"{'min/max':>9}")
+        lines.append(f"{'method':<34}" + "".join(f"{'@' + p:>12}" for p in res["positions"]) + f"{'min/max':>9}")
         for name in names:
-            vals = "".join(f"{res['positions'][p][name]['recall@3']:>8.2f}" for p in res["positions"])
-            print(f"{name:<30}{vals}{res['recall@3_min_over_max'][name]:>9.2f}")
-        print("slot attention (U-curve): " + " ".join(f"{x:.3f}" for x in res["slot_attention"]))
-    if "kv_retrieval_75" in results:
-        print("key-value retrieval (75 keys), mean gold rank raw vs calibrated:", results["kv_retrieval_75"])
+            cells = "".join(
+                f"{res['positions'][p][name]['recall@3']:>6.2f} ({res['positions'][p][name]['recall@1']:.2f})"
+                for p in res["positions"]
+            )
+            lines.append(f"{name:<34}{cells}{res['recall@3_min_over_max'][name]:>9.2f}")
+        lines.append("slot attention (U-curve): " + " ".join(f"{x:.3f}" for x in res["slot_attention"]))
+    kv = results.get("kv_retrieval_75")
+    if kv:
+        lines.append(f"\nkey-value retrieval (75 pairs, {kv['questions_per_position']} per position): mean gold rank")
+        lines.append(f"{'gold position':<16}{'raw':>8}{'calibrated':>12}{'raw R@1':>9}{'cal R@1':>9}")
+        for p, r in kv["positions"].items():
+            lines.append(
+                f"{p:<16}{r['raw_mean_rank']:>8.1f}{r['calibrated_mean_rank']:>12.1f}"
+                f"{r['raw_recall@1']:>9.2f}{r['calibrated_recall@1']:>9.2f}"
+            )
+    return "\n".join(lines)
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
@@ -164,28 +244,37 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     ns = list(results["n_docs"])
-    fig, axes = plt.subplots(1, len(ns) + 1, figsize=(5 * (len(ns) + 1), 4))
+    fig, axes = plt.subplots(1, len(ns) + 1, figsize=(5 * (len(ns) + 1), 4.2))
     axes = np.atleast_1d(axes)
     for ax, n in zip(axes, ns, strict=False):
         res = results["n_docs"][n]
         pos = [int(p) for p in res["positions"]]
         for name in res["recall@3_min_over_max"]:
-            ax.plot(pos, [res["positions"][str(p)][name]["recall@3"] for p in pos], marker="o", label=name)
-        ax.set_title(f"{n} documents")
-        ax.set_xlabel("gold position")
-        ax.set_ylabel("Recall@3")
+            ax.plot(
+                [p + 1 for p in pos],
+                [res["positions"][str(p)][name]["recall@3"] for p in pos],
+                marker="o",
+                lw=2.5 if name.startswith("rag-opt") else 1.2,
+                label=name,
+            )
+        ax.set_title(f"{n} documents ({res['questions_per_position']} questions / position)")
+        ax.set_xlabel("gold document position (1-based)")
+        ax.set_ylabel("gold Recall@3")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     ax = axes[-1]
     for n in ns:
-        ax.plot(results["n_docs"][n]["slot_attention"], marker=".", label=f"N={n}")
-    ax.set_title("attention per slot (non-relevant documents)")
-    ax.set_xlabel("slot")
+        curve = results["n_docs"][n]["slot_attention"]
+        ax.plot(np.arange(1, len(curve) + 1), np.asarray(curve) * len(curve), marker=".", label=f"N={n}")
+    ax.axhline(1.0, color="grey", ls="--", lw=1)
+    ax.set_title("final-token attention per slot, non-relevant docs\n(× N: 1 = even share)")
+    ax.set_xlabel("slot (1-based)")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ class PositionProfile:
             "n_docs": self.n_docs,
             "views": list(VIEWS),
             "shape": list(self.baseline.shape),
-            "baseline": [float(x) for x in self.baseline.ravel()],
+            "baseline": [float(f"{x:.6g}") for x in self.baseline.ravel()],  # 6 significant digits: ample
             "contexts": self.contexts,
             "metadata": self.metadata,
         }
@@ -120,29 +120,53 @@ def profile_key(model: str, template: str, n_docs: int) -> str:
 
 
 class ProfileStore:
-    """Calibration profiles on disk: one JSON per (model, template, n_docs) under ``root``."""
+    """Calibration profiles on disk: one JSON per (model, template, n_docs) under ``root``.
 
-    def __init__(self, root: str | Path | None = None) -> None:
+    ``get`` looks in ``root`` first (profiles you built with ``rag-opt calibrate``), then — unless
+    ``shipped=False`` — among the profiles shipped inside the package (the embedded default model at 10, 20
+    and 30 documents).
+    """
+
+    def __init__(self, root: str | Path | None = None, *, shipped: bool = True) -> None:
         if root is None:
             from rag_opt.proxy import cache_dir
 
             root = os.environ.get("RAG_OPT_CALIBRATION_DIR") or cache_dir() / "calibration"
         self.root = Path(root)
+        self.shipped = shipped
 
     def path(self, model: str, n_docs: int, template: str = TEMPLATE_ID) -> Path:
         return self.root / f"{profile_key(model, template, n_docs)}.json"
 
     def get(self, model: str, n_docs: int, template: str = TEMPLATE_ID) -> PositionProfile | None:
         p = self.path(model, n_docs, template)
-        if not p.is_file():
-            return None
+        if p.is_file():
+            text, source = p.read_text(), f"calibration profile {p}"
+        else:
+            res = _shipped_dir() / p.name
+            if not self.shipped or not res.is_file():
+                return None
+            text, source = res.read_text(), f"shipped calibration profile {p.name}"
         try:
-            data = json.loads(p.read_text())
+            data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"calibration profile {p} is not valid JSON: {exc}") from None
-        profile = PositionProfile.from_dict(data, source=f"calibration profile {p}")
+            raise ValueError(f"{source} is not valid JSON: {exc}") from None
+        profile = PositionProfile.from_dict(data, source=source)
         profile.check(model, n_docs, template)
         return profile
+
+    def available(self, model: str, template: str = TEMPLATE_ID) -> list[int]:
+        """Numbers of documents with a profile for ``model`` (in ``root`` or shipped)."""
+        prefix = f"{profile_key(model, template, 0)[:-1]}"
+        names = {p.name for p in self.root.glob(f"{prefix}*.json")} if self.root.is_dir() else set()
+        if self.shipped:
+            names |= {r.name for r in _shipped_dir().iterdir() if r.name.startswith(prefix)}
+        out = []
+        for name in names:
+            tail = name[len(prefix) : -len(".json")]
+            if name.endswith(".json") and tail.isdigit():
+                out.append(int(tail))
+        return sorted(out)
 
     def put(self, profile: PositionProfile) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -151,6 +175,12 @@ class ProfileStore:
         tmp.write_text(json.dumps(profile.to_dict()))
         os.replace(tmp, p)
         return p
+
+
+def _shipped_dir() -> Any:
+    from importlib import resources
+
+    return resources.files("rag_opt") / "profiles"
 
 
 def estimate_profile(

@@ -82,6 +82,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rag_opt.pipeline import ORDERINGS
+
     parser = argparse.ArgumentParser(
         prog="rag-opt",
         description="Optimize retrieved context for an LLM: compress sentences, reorder documents.",
@@ -102,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--target-tokens", type=_nonneg_int, help="token budget in the target LLM's tokens")
     g.add_argument("--threshold", type=float, help="keep sentences whose relevance probability is >= this")
     p.add_argument("--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>")
-    p.add_argument("--ordering", default="input", choices=["input", "lost_in_the_middle", "relevance"])
+    p.add_argument("--ordering", default="input", choices=list(ORDERINGS), help="document ordering (default: input)")
     p.add_argument("--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
     p.add_argument("--keep-best-per-doc", action="store_true", help="keep at least the best sentence of each document")
     p.add_argument("--keep-first", action="store_true", help="always keep each document's first sentence")
@@ -118,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--target-tokens", type=_nonneg_int, help="token budget in the target LLM's tokens")
     g.add_argument("--threshold", type=float, help="keep sentences whose relevance probability is >= this")
     p.add_argument("--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>")
-    p.add_argument("--ordering", default="input", help="document ordering, as for optimize (default: input)")
+    p.add_argument("--ordering", default="input", choices=list(ORDERINGS), help="document ordering (default: input)")
     p.add_argument("--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
     _add_model_args(p)
 
@@ -148,6 +150,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--blocks", default=None, help="comma-separated feature blocks (default: all)")
     _add_model_args(p)
 
+    p = sub.add_parser("train-doc-probe", help="train the document relevance probe on NQ (its train split)")
+    p.add_argument("--data", default=None, help="NQ multi-doc JSONL(.gz) (default ../shared/data/nq_multidoc)")
+    p.add_argument("--out", required=True, help="where to write the probe JSON")
+    p.add_argument("--n-docs", default="20", help="comma-separated numbers of documents to train with (default 20)")
+    p.add_argument("--limit", type=_nonneg_int, help="use the first N train questions")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache", default=None, help="feature cache folder (default: <rag-opt cache>/features)")
+    p.add_argument("--store", default=None, help="calibration profile folder (default <rag-opt cache>/calibration)")
+    p.add_argument("--l2", type=float, default=None, help="L2 strength (default: chosen on held-out questions)")
+    p.add_argument("--blocks", default=None, help="comma-separated document feature blocks")
+    _add_model_args(p)
+
     p = sub.add_parser(
         "serve",
         help="OpenAI-compatible proxy: optimize the context of chat requests, forward them upstream",
@@ -166,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ratio", type=_ratio, help="fraction of context tokens to keep, in (0, 1] (default 0.5)")
     g.add_argument("--target-tokens", type=_nonneg_int, help="context token budget in the target LLM's tokens")
     g.add_argument("--threshold", type=float, help="keep sentences whose relevance probability is >= this")
-    p.add_argument("--ordering", help="document ordering: input (default), lost_in_the_middle, relevance, ...")
+    p.add_argument("--ordering", help=f"document ordering: {', '.join(ORDERINGS)} (default: input)")
     p.add_argument("--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>")
     p.add_argument("--probe", help="probe JSON path, 'auto' (shipped, default) or 'none' (raw attention)")
     p.add_argument("--document-tag", help="context documents are <TAG ...>...</TAG> blocks (default: document)")
@@ -246,6 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_train_probe(args)
         if args.command == "calibrate":
             return _cmd_calibrate(args)
+        if args.command == "train-doc-probe":
+            return _cmd_train_doc_probe(args)
         if args.command == "serve":
             return _cmd_serve(args)
     except UserError as exc:
@@ -363,10 +379,14 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         raise UserError("--n-docs and --contexts must be positive")
     if args.data and not Path(args.data).is_file():
         raise UserError(f"calibration data not found: {args.data}")
-    store = ProfileStore(args.store)
+    store = ProfileStore(args.store, shipped=False)
     proxy = load_proxy(args.model, device=args.device, dtype=args.dtype)
     profile = None if args.force else store.get(proxy.name, args.n_docs)
-    if profile is None:
+    shipped = None if args.force or profile else ProfileStore(args.store).get(proxy.name, args.n_docs)
+    if shipped is not None:
+        profile = shipped
+        print(f"using the profile shipped with rag-opt ({profile.contexts} contexts); --force measures your own")
+    elif profile is None:
         contexts = nq_calibration_contexts(args.n_docs, args.contexts, args.data)
         profile = estimate_profile(
             proxy, contexts, args.n_docs, metadata={"data": "nq_multidoc calibration split (distractors only)"}
@@ -380,6 +400,41 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.plot:
         plot_profile(profile, args.plot)
         print(f"wrote {args.plot}")
+    return 0
+
+
+def _cmd_train_doc_probe(args: argparse.Namespace) -> int:
+    from rag_opt.datasets import data_dir
+    from rag_opt.proxy import cache_dir
+    from rag_opt.train_docs import train_doc_probe_cli
+
+    data = args.data or str(data_dir() / "nq_multidoc" / "public.jsonl.gz")
+    if not Path(data).is_file():
+        raise UserError(f"training data not found: {data}")
+    try:
+        n_docs = [int(x) for x in args.n_docs.split(",")]
+    except ValueError:
+        raise UserError(f"--n-docs must be comma-separated integers, got {args.n_docs!r}") from None
+    if any(n < 2 for n in n_docs):
+        raise UserError("--n-docs values must be at least 2")
+    blocks = tuple(b.strip() for b in args.blocks.split(",")) if args.blocks else None
+    _, report = train_doc_probe_cli(
+        data=data,
+        out=args.out,
+        model=args.model,
+        n_docs=n_docs,
+        limit=args.limit,
+        seed=args.seed,
+        cache_root=args.cache or str(cache_dir() / "features"),
+        store=args.store,
+        l2=args.l2,
+        blocks=blocks,
+    )
+    cv = report["cv_5fold"]
+    print(
+        f"document probe written to {args.out}: {report['questions']} questions, l2 {report['l2']}, "
+        f"5-fold Recall@1 {cv['recall@1']:.3f}, Recall@3 {cv['recall@3']:.3f}"
+    )
     return 0
 
 

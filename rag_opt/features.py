@@ -11,6 +11,16 @@ model or layout that does not match. Blocks:
   to an even share — lets the probe see which document a sentence belongs to;
 * ``lexical``: BM25 of the unit and of its document against the question (raw and relative to the context's
   best), question-term overlap, first-unit-of-document flag, log length in proxy tokens, relative position.
+
+Document-level layouts (``level="document"``, the document relevance probe of :mod:`rag_opt.doc_relevance`)
+use one row per document and these blocks:
+
+* ``doc_cal_last`` / ``doc_cal_question``: position-calibrated attention share per layer and head — the
+  document's share minus the share a non-relevant document gets in the same slot (the calibration profile),
+  times the number of documents (so 0 means "as much as a non-relevant document there");
+* ``doc_raw_last`` / ``doc_raw_question``: uncalibrated log share relative to an even share (ablation);
+* ``doc_lexical``: BM25 of the document against the question (relative to the context's best, and log) and
+  question-term overlap.
 """
 
 from __future__ import annotations
@@ -43,6 +53,9 @@ ALL_BLOCKS = (
     "lexical",
 )
 DEFAULT_BLOCKS = ("attn_last", "attn_question", "doc_attn_question", "lexical")
+DOC_LEXICAL_NAMES = ("bm25_rel", "bm25_log", "overlap")
+DOC_BLOCKS = ("doc_cal_last", "doc_cal_question", "doc_raw_last", "doc_raw_question", "doc_lexical")
+LEVELS = {"unit": ALL_BLOCKS, "document": DOC_BLOCKS}
 
 
 @dataclass(frozen=True)
@@ -50,21 +63,36 @@ class FeatureLayout:
     blocks: tuple[str, ...]
     num_layers: int
     num_heads: int
+    level: str = "unit"  # "unit": one row per sentence/unit; "document": one row per document
 
     def __post_init__(self) -> None:
-        unknown = [b for b in self.blocks if b not in ALL_BLOCKS]
+        if self.level not in LEVELS:
+            raise ValueError(f"unknown feature level {self.level!r}; use one of {list(LEVELS)}")
+        if not self.blocks:
+            raise ValueError("a feature layout needs at least one block")
+        known = LEVELS[self.level]
+        unknown = [b for b in self.blocks if b not in known]
         if unknown:
-            raise ValueError(f"unknown feature block(s) {unknown}; known: {list(ALL_BLOCKS)}")
+            raise ValueError(f"unknown {self.level}-level feature block(s) {unknown}; known: {list(known)}")
 
     def block_size(self, block: str) -> int:
-        return len(LEXICAL_NAMES) if block == "lexical" else self.num_layers * self.num_heads
+        if block == "lexical":
+            return len(LEXICAL_NAMES)
+        if block == "doc_lexical":
+            return len(DOC_LEXICAL_NAMES)
+        return self.num_layers * self.num_heads
 
     @property
     def size(self) -> int:
         return sum(self.block_size(b) for b in self.blocks)
 
     def to_dict(self) -> dict[str, object]:
-        return {"blocks": list(self.blocks), "num_layers": self.num_layers, "num_heads": self.num_heads}
+        return {
+            "blocks": list(self.blocks),
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "level": self.level,
+        }
 
 
 @dataclass(frozen=True)
@@ -114,13 +142,19 @@ def lexical_features(question: str, units: ContextUnits, unit_tokens: np.ndarray
     return out.astype(np.float32)
 
 
-def build_features(layout: FeatureLayout, attn: AttentionFeatures, question: str, units: ContextUnits) -> np.ndarray:
-    """Feature matrix (n_units, layout.size) for every unit of the context (candidates and others)."""
+def _check_model(layout: FeatureLayout, attn: AttentionFeatures) -> None:
     if (attn.num_layers, attn.num_heads) != (layout.num_layers, layout.num_heads):
         raise ValueError(
             f"feature layout expects {layout.num_layers}×{layout.num_heads} layers×heads, the proxy model "
             f"gives {attn.num_layers}×{attn.num_heads}"
         )
+
+
+def build_features(layout: FeatureLayout, attn: AttentionFeatures, question: str, units: ContextUnits) -> np.ndarray:
+    """Feature matrix (n_units, layout.size) for every unit of the context (candidates and others)."""
+    if layout.level != "unit":
+        raise ValueError(f"build_features needs a unit-level layout, got level {layout.level!r}")
+    _check_model(layout, attn)
     n = attn.unit.shape[0]
     doc_of = units.doc_of_unit
     n_docs = max(len(units.docs), 1)
@@ -137,4 +171,44 @@ def build_features(layout: FeatureLayout, attn: AttentionFeatures, question: str
             blocks.append(np.log(attn.doc_mass[doc_of, 1].reshape(n, -1) * n_docs + EPS))
         elif block == "lexical":
             blocks.append(lexical_features(question, units, attn.unit_tokens))
+    return np.concatenate(blocks, axis=1).astype(np.float32)
+
+
+def build_doc_features(
+    layout: FeatureLayout,
+    attn: AttentionFeatures,
+    question: str,
+    doc_texts: Sequence[str],
+    baseline: np.ndarray | None,
+) -> np.ndarray:
+    """Feature matrix (n_docs, layout.size), one row per document in prompt order.
+
+    ``baseline`` is the calibration profile's per-slot share (n_docs, n_views, L, H); the ``doc_cal_*``
+    blocks need it.
+    """
+    if layout.level != "document":
+        raise ValueError(f"build_doc_features needs a document-level layout, got level {layout.level!r}")
+    _check_model(layout, attn)
+    n = attn.doc_mass.shape[0]
+    if len(doc_texts) != n:
+        raise ValueError(f"{len(doc_texts)} document texts for attention over {n} documents")
+    if attn.windows != 1:
+        raise ValueError("document features need the whole context in one forward pass (windows == 1)")
+    mass = attn.doc_mass.astype(np.float64)
+    blocks: list[np.ndarray] = []
+    for block in layout.blocks:
+        view = 0 if block.endswith("_last") else 1
+        if block.startswith("doc_cal_"):
+            if baseline is None:
+                raise ValueError(f"feature block {block!r} needs a calibration profile")
+            if baseline.shape != mass.shape:
+                raise ValueError(f"calibration baseline {baseline.shape} does not match attention {mass.shape}")
+            blocks.append(((mass[:, view] - baseline[:, view]) * n).reshape(n, -1))
+        elif block.startswith("doc_raw_"):
+            blocks.append(np.log(mass[:, view] * n + EPS).reshape(n, -1))
+        elif block == "doc_lexical":
+            bm = bm25_scores(question, list(doc_texts))
+            ov = term_overlap(question, list(doc_texts))
+            top = bm.max() if bm.size and bm.max() > 0 else 1.0
+            blocks.append(np.stack([bm / top, np.log1p(bm), ov], axis=1))
     return np.concatenate(blocks, axis=1).astype(np.float32)

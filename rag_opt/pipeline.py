@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rag_opt.compressors.base import Scorer
 from rag_opt.compressors.selection import Candidate, SelectionOptions, select
@@ -21,10 +21,14 @@ from rag_opt.text import segment
 from rag_opt.tokens import TokenCounter, get_token_counter
 from rag_opt.types import Document, DocumentLike, OptimizeResult, OutputDocument, Timings, Unit, to_documents
 
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.compressors.sentinel import SentinelCompressor
+
 logger = logging.getLogger(__name__)
 
 Ordering = Literal["input", "lost_in_the_middle", "relevance"]
-ORDERINGS: tuple[str, ...] = ("input", "lost_in_the_middle", "relevance")
+ORDERINGS: tuple[str, ...] = ("input", "lost_in_the_middle", "relevance", "calibrated", "attention_sort")
+PROXY_ORDERINGS = ("calibrated", "attention_sort")  # orderings that need the Sentinel proxy model
 
 
 @dataclass
@@ -87,15 +91,23 @@ class ContextOptimizer:
         target: the target LLM whose tokens budgets are measured in (tiktoken model/encoding name, or
             ``hf:<tokenizer>``); default ``o200k_base``.
         ratio / target_tokens / threshold: default compression (at most one); None = no compression.
-        ordering: ``input`` (keep), ``lost_in_the_middle`` (best at both ends) or ``relevance`` (best first).
+        ordering: ``input`` (keep), ``lost_in_the_middle`` (best at both ends), ``relevance`` (best first),
+            ``calibrated`` (best into the slots the proxy attends to most, from its calibration profile) or
+            ``attention_sort`` (the proxy's attention sorts the kept documents, 2 rounds: extra forward passes).
+            Document relevance is position-calibrated when a profile exists (``result.calibrated``).
         probe: ``"auto"`` (the probe shipped for the model), a path to a probe JSON, or None (raw attention).
         keep_best_per_doc: keep at least the best sentence of every document (while the budget allows).
         keep_first: always keep each document's first sentence (while the budget allows).
         device / dtype: where and how the proxy runs (default cuda when available, float32 on CPU).
-        max_window_tokens: proxy tokens per forward pass; longer contexts are processed in windows.
+        max_window_tokens: proxy tokens per forward pass; longer contexts are processed in windows (and their
+            document relevance is not calibrated).
         trust_remote_code: passed to transformers for hub models (off by default).
         language: language code for sentence segmentation.
         scorer: score units with this instead of the Sentinel probe (e.g. ``rag_opt.compressors.BM25Scorer()``).
+        doc_probe: the document relevance probe: ``"auto"`` (shipped for the model), a path, or None (document
+            relevance = its best sentence's score).
+        calibrate: position-calibrate document relevance when a calibration profile exists for the number of
+            documents (shipped for the embedded model at 10, 20 and 30; ``rag-opt calibrate`` adds others).
     """
 
     def __init__(
@@ -112,10 +124,12 @@ class ContextOptimizer:
         keep_first: bool = False,
         device: str | None = None,
         dtype: str | None = None,
-        max_window_tokens: int = 2048,
+        max_window_tokens: int = 8192,
         trust_remote_code: bool = False,
         language: str = "en",
         scorer: Scorer | None = None,
+        doc_probe: str | None = "auto",
+        calibrate: bool = True,
     ) -> None:
         check_budget_args(ratio, target_tokens, threshold)
         if ordering not in ORDERINGS:
@@ -136,6 +150,8 @@ class ContextOptimizer:
         self.max_window_tokens = max_window_tokens
         self.trust_remote_code = trust_remote_code
         self.language = language
+        self.doc_probe = doc_probe
+        self.calibrate = calibrate
         self._scorer: Scorer | None = scorer
         self._lock = threading.Lock()
 
@@ -157,6 +173,8 @@ class ContextOptimizer:
                     dtype=self.dtype,
                     max_tokens=self.max_window_tokens,
                     trust_remote_code=self.trust_remote_code,
+                    doc_probe=self.doc_probe,
+                    profiles="auto" if self.calibrate else None,
                 )
             return self._scorer
 
@@ -183,6 +201,11 @@ class ContextOptimizer:
         ordering = ordering or self.ordering
         if ordering not in ORDERINGS:
             raise ValueError(f"unknown ordering {ordering!r}; use one of {', '.join(ORDERINGS)}")
+        if ordering in PROXY_ORDERINGS and self._scorer is not None and not isinstance(self._scorer, _sentinel()):
+            raise ValueError(
+                f"ordering {ordering!r} needs the proxy model's attention; it is not available with the "
+                f"{type(self._scorer).__name__} scorer"
+            )
         docs = to_documents(documents)
         for i, doc in enumerate(docs):
             if not doc.text.strip():
@@ -207,7 +230,8 @@ class ContextOptimizer:
         # score (when compressing below the input size, or when the ordering needs relevance)
         scores: list[list[float | None]] = [[None] * len(u.spans) for u in units]
         doc_scores: list[float | None] = [None] * len(units)
-        method, proxy_name = "none", None
+        raw_scores: list[float | None] = [None] * len(units)
+        method, proxy_name, calibrated = "none", None, False
         shrink = compress and (budget is None or budget < tokens_before)
         if shrink or ordering != "input":
             scorer = self.scorer()  # loading the model is not part of the score stage's timing
@@ -215,7 +239,9 @@ class ContextOptimizer:
             sc = scorer.score(
                 query, ContextUnits(docs=[u.unit_texts for u in units], candidate=[u.candidates for u in units])
             )
-            method, proxy_name = sc.method, sc.model
+            method, proxy_name, calibrated = sc.method, sc.model, sc.calibrated
+            if sc.calibration_note and ordering != "input":
+                warnings.append(sc.calibration_note)
             if method == "raw-attention":
                 warnings.append(
                     f"no probe for proxy model {proxy_name}: sentences were scored by raw attention (weaker)"
@@ -225,6 +251,7 @@ class ContextOptimizer:
                 n = len(u.unit_texts)
                 scores[i] = [float(v) for v in sc.unit[pos + n - len(u.spans) : pos + n]]
                 doc_scores[i] = float(sc.doc[i])
+                raw_scores[i] = float(sc.doc_raw[i]) if sc.doc_raw is not None else doc_scores[i]
                 pos += n
             timings.score_ms = (time.perf_counter() - t) * 1e3
 
@@ -237,13 +264,15 @@ class ContextOptimizer:
         )
         timings.select_ms = (time.perf_counter() - t) * 1e3
 
-        out_docs = [self._output(i, u, scores[i], kept[i], doc_scores[i], counter) for i, u in enumerate(units)]
+        out_docs = [
+            self._output(i, u, scores[i], kept[i], doc_scores[i], raw_scores[i], counter) for i, u in enumerate(units)
+        ]
         keep_doc = [any(k) for k in kept]
 
         # order
         t = time.perf_counter()
         idx = [i for i in range(len(units)) if keep_doc[i]]
-        order = self._order(idx, out_docs, ordering)
+        order = self._order(query, idx, out_docs, ordering, warnings)
         timings.order_ms = (time.perf_counter() - t) * 1e3
 
         documents_out = [out_docs[i] for i in order]
@@ -265,7 +294,7 @@ class ContextOptimizer:
             target_tokenizer=counter.name,
             scorer=method,
             proxy_model=proxy_name,
-            calibrated=False,
+            calibrated=calibrated,
             ordering=ordering,
             timings=timings,
             warnings=warnings,
@@ -366,6 +395,7 @@ class ContextOptimizer:
         scores: list[float | None],
         kept: list[bool],
         doc_score: float | None,
+        raw_score: float | None,
         counter: TokenCounter,
     ) -> OutputDocument:
         text = _join(u, kept)
@@ -377,7 +407,7 @@ class ContextOptimizer:
             metadata=u.doc.metadata,
             title=u.title,
             score=doc_score,
-            raw_score=doc_score,
+            raw_score=raw_score,
             retriever_score=u.doc.score,
             kept_spans=_merge_spans([sp for sp, k in zip(u.spans, kept, strict=True) if k]),
             units=[
@@ -388,14 +418,42 @@ class ContextOptimizer:
             tokens_after=((u.title_tokens if u.title else 0) + counter.count(text)) if any(kept) else 0,
         )
 
-    @staticmethod
-    def _order(idx: list[int], docs: list[OutputDocument], ordering: str) -> list[int]:
+    def _order(
+        self, query: str, idx: list[int], docs: list[OutputDocument], ordering: str, warnings: list[str]
+    ) -> list[int]:
         if ordering == "input" or len(idx) < 2:
             return idx
+        if ordering == "attention_sort":
+            from rag_opt.orderers.attention_sort import AttentionSort
+
+            sorter = AttentionSort.tuned(self._sentinel_scorer().proxy, max_tokens=self.max_window_tokens)
+            texts = [f"{docs[i].title}\n{docs[i].text}" if docs[i].title else docs[i].text for i in idx]
+            return [idx[j] for j in sorter.order(query, texts)]
         rel = [_relevance(docs[i], rank) for rank, i in enumerate(idx)]
         if ordering == "relevance":
             return [idx[j] for j in sorted(range(len(idx)), key=lambda j: (-rel[j], j))]
+        if ordering == "calibrated":
+            from rag_opt.orderers.calibrated import placement, slot_attention_for
+
+            sentinel = self._sentinel_scorer()
+            curve, note = slot_attention_for(sentinel.profiles, sentinel.proxy.name, len(idx))
+            if note:
+                warnings.append(note)
+            if curve is not None:
+                return [idx[j] for j in placement(rel, curve.tolist())]
         return [idx[j] for j in end_placement(rel)]
+
+    def _sentinel_scorer(self) -> SentinelCompressor:
+        scorer = self.scorer()
+        if not isinstance(scorer, _sentinel()):
+            raise ValueError(f"this ordering needs the proxy model; the scorer is {type(scorer).__name__}")
+        return scorer
+
+
+def _sentinel() -> type[SentinelCompressor]:
+    from rag_opt.compressors.sentinel import SentinelCompressor
+
+    return SentinelCompressor
 
 
 def _relevance(doc: OutputDocument, rank: int) -> float:

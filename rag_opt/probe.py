@@ -102,7 +102,9 @@ class Probe:
             if data.get("format") != FORMAT:
                 raise ValueError(f"unsupported format {data.get('format')!r}, expected {FORMAT!r}")
             lay = data["layout"]
-            layout = FeatureLayout(tuple(lay["blocks"]), int(lay["num_layers"]), int(lay["num_heads"]))
+            layout = FeatureLayout(
+                tuple(lay["blocks"]), int(lay["num_layers"]), int(lay["num_heads"]), str(lay.get("level", "unit"))
+            )
             return cls(
                 model=str(data["model"]),
                 layout=layout,
@@ -129,9 +131,13 @@ class Probe:
         return cls.from_dict(data, source=f"probe file {p}")
 
 
-def shipped_probe(model: str) -> Probe | None:
-    """The probe shipped inside the package for ``model`` (e.g. ``embedded:smollm2-135m``), if any."""
-    name = model.replace(":", "-").replace("/", "-") + ".json"
+def shipped_probe(model: str, level: str = "unit") -> Probe | None:
+    """The probe shipped inside the package for ``model`` (e.g. ``embedded:smollm2-135m``), if any.
+
+    ``level="unit"``: the sentence-relevance probe; ``level="document"``: the document relevance probe.
+    """
+    suffix = {"unit": ".json", "document": ".doc.json"}[level]
+    name = model.replace(":", "-").replace("/", "-") + suffix
     res = resources.files("rag_opt") / "probes" / name
     if not res.is_file():
         return None

@@ -21,6 +21,9 @@ class Scores:
     method: str  # e.g. "probe", "raw-attention", "bm25"
     model: str | None = None  # the proxy/embedding model used, if any
     attention: AttentionFeatures | None = None
+    doc_raw: np.ndarray | None = None  # (n_docs,) document relevance before calibration (best unit score)
+    calibrated: bool = False  # ``doc`` is position-calibrated (document probe over calibrated attention)
+    calibration_note: str | None = None  # why ``doc`` is not calibrated, when it could have been
 
 
 class Scorer(Protocol):

@@ -3,7 +3,13 @@
 With a probe for the proxy model (shipped for the embedded default, or passed explicitly), unit scores are
 the probe's probabilities. Without one, rag-opt falls back to raw attention — the mean over layers and heads
 of the question tokens' attention to the unit, relative to uniform — and says so (``method ==
-"raw-attention"``). Document relevance is the best unit score of the document.
+"raw-attention"``).
+
+Document relevance comes from the same forward pass: when a document probe is available for the proxy (one is
+shipped for the embedded default) and a calibration profile exists for the number of documents (shipped for
+the embedded default at 10, 20 and 30 documents; ``rag-opt calibrate`` builds others), it is the document
+probe's probability over position-calibrated per-head attention (:mod:`rag_opt.doc_relevance`) and
+``Scores.calibrated`` is true. Otherwise it is the best unit score of the document.
 """
 
 from __future__ import annotations
@@ -14,9 +20,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rag_opt.attention import extract
+from rag_opt.calibration import PositionProfile, ProfileStore
 from rag_opt.compressors.base import Scores, doc_scores_from_units
+from rag_opt.doc_relevance import document_relevance
 from rag_opt.features import ContextUnits, build_features
-from rag_opt.probe import Probe, shipped_probe
+from rag_opt.probe import Probe, ProbeMismatchError, shipped_probe
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.proxy import ProxyModel
@@ -30,9 +38,28 @@ class SentinelCompressor:
     The default scorer of :class:`rag_opt.ContextOptimizer`; selection under the budget is shared by all
     scorers (:mod:`rag_opt.compressors.selection`). Build it from a loaded proxy (:func:`rag_opt.proxy.load_proxy`)
     or with :meth:`from_model`.
+
+    Args:
+        proxy: the loaded proxy model.
+        probe: the sentence probe: ``"auto"`` (shipped for the model), a path, a :class:`Probe` or None (raw
+            attention).
+        max_tokens: proxy tokens per forward pass; longer contexts are scored in windows (and their document
+            relevance is not calibrated).
+        doc_probe: the document probe: ``"auto"`` (shipped for the model), a path, a :class:`Probe` or None
+            (document relevance = best unit score).
+        profiles: where calibration profiles come from: ``"auto"`` (:class:`ProfileStore` default location, then
+            the profiles shipped with rag-opt), a store, or None (never calibrate).
     """
 
-    def __init__(self, proxy: ProxyModel, probe: Probe | None | str = "auto", *, max_tokens: int = 2048) -> None:
+    def __init__(
+        self,
+        proxy: ProxyModel,
+        probe: Probe | None | str = "auto",
+        *,
+        max_tokens: int = 8192,
+        doc_probe: Probe | None | str = "auto",
+        profiles: ProfileStore | None | str = "auto",
+    ) -> None:
         self.proxy = proxy
         self.max_tokens = max_tokens
         if probe == "auto":
@@ -47,7 +74,24 @@ class SentinelCompressor:
             probe = Probe.load(probe)
         if probe is not None:
             probe.check_compatible(proxy.name, proxy.num_layers, proxy.num_heads)
+            if probe.layout.level != "unit":
+                raise ProbeMismatchError("the sentence probe must be unit-level; this one scores documents")
         self.probe: Probe | None = probe
+        if doc_probe == "auto":
+            doc_probe = shipped_probe(proxy.name, "document")
+        elif isinstance(doc_probe, str):
+            doc_probe = Probe.load(doc_probe)
+        if doc_probe is not None:
+            doc_probe.check_compatible(proxy.name, proxy.num_layers, proxy.num_heads)
+            if doc_probe.layout.level != "document":
+                raise ProbeMismatchError("the document probe must be document-level; this one scores sentences")
+        self.doc_probe: Probe | None = doc_probe
+        if profiles == "auto":
+            profiles = ProfileStore()
+        elif isinstance(profiles, str):
+            profiles = ProfileStore(profiles)
+        self.profiles: ProfileStore | None = profiles
+        self._profiles: dict[int, PositionProfile] = {}
 
     @classmethod
     def from_model(
@@ -57,13 +101,15 @@ class SentinelCompressor:
         probe: Probe | None | str = "auto",
         device: str | None = None,
         dtype: str | None = None,
-        max_tokens: int = 2048,
+        max_tokens: int = 8192,
         trust_remote_code: bool = False,
+        doc_probe: Probe | None | str = "auto",
+        profiles: ProfileStore | None | str = "auto",
     ) -> SentinelCompressor:
         from rag_opt.proxy import load_proxy
 
         proxy = load_proxy(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-        return cls(proxy, probe, max_tokens=max_tokens)
+        return cls(proxy, probe, max_tokens=max_tokens, doc_probe=doc_probe, profiles=profiles)
 
     @property
     def method(self) -> str:
@@ -81,6 +127,42 @@ class SentinelCompressor:
         else:
             unit_scores = attn.unit[:, 1].mean(axis=(1, 2)).astype(np.float64)
         unit = np.asarray(unit_scores, dtype=np.float64)
+        doc_raw = doc_scores_from_units(unit, units)
+        doc, calibrated, note = doc_raw, False, None
+        if self.doc_probe is not None and self.profiles is not None:
+            n_docs = len(units.docs)
+            profile = self.profile(n_docs)
+            if attn.windows > 1:
+                note = (
+                    f"document relevance is not position-calibrated: the context needs {attn.windows} forward "
+                    f"passes of {self.max_tokens} proxy tokens (calibration needs one)"
+                )
+            elif profile is None:
+                note = (
+                    f"document relevance is not position-calibrated: no calibration profile for {n_docs} documents "
+                    f"of proxy model {self.proxy.name} (build one with `rag-opt calibrate --n-docs {n_docs}`)"
+                )
+            else:
+                doc = document_relevance(self.doc_probe, attn, question, units.docs, profile)
+                calibrated = True
         return Scores(
-            unit=unit, doc=doc_scores_from_units(unit, units), method=self.method, model=self.proxy.name, attention=attn
+            unit=unit,
+            doc=doc,
+            method=self.method,
+            model=self.proxy.name,
+            attention=attn,
+            doc_raw=doc_raw,
+            calibrated=calibrated,
+            calibration_note=note,
         )
+
+    def profile(self, n_docs: int) -> PositionProfile | None:
+        """The calibration profile of this proxy for ``n_docs`` documents (cached once found), if any."""
+        if self.profiles is None:
+            return None
+        found = self._profiles.get(n_docs)
+        if found is None:
+            found = self.profiles.get(self.proxy.name, n_docs)
+            if found is not None:
+                self._profiles[n_docs] = found
+        return found

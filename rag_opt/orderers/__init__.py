@@ -5,7 +5,7 @@ input document ``perm[i]``.
 """
 
 from rag_opt.orderers.attention_sort import AttentionSort
-from rag_opt.orderers.calibrated import CalibratedPlacement, placement
+from rag_opt.orderers.calibrated import CalibratedPlacement, placement, resample_slots, slot_attention_for
 from rag_opt.orderers.lost_in_the_middle import LostInTheMiddle, end_placement, rank_scores
 
 __all__ = [
@@ -15,4 +15,6 @@ __all__ = [
     "end_placement",
     "placement",
     "rank_scores",
+    "resample_slots",
+    "slot_attention_for",
 ]

@@ -3,6 +3,11 @@
 Run the model over "documents + question", read the attention each document receives from the final token,
 sort so the most-attended document goes last (next to the question), and repeat for a few rounds: each round
 sees the documents in the previous round's order. The final order is returned.
+
+By default a document's score is its share of the final token's attention averaged over all layers and heads,
+as in the paper. On a small proxy that average is mostly recency bias, so the score can instead average chosen
+``(layer, head)`` pairs of either view: :meth:`AttentionSort.tuned` uses the *retrieval heads* selected for the
+model on NQ training questions (shipped with the embedded model's document probe).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class AttentionSort:
         rounds: sorting rounds (default 2).
         view: ``"last"`` (the final token's attention, as in the paper) or ``"question"``.
         layers / heads: which layers and heads to average (default all).
+        head_pairs: explicit ``(layer, head)`` pairs to average instead of ``layers`` × ``heads``.
         max_tokens: the whole context must fit one forward pass of at most this many tokens.
     """
 
@@ -37,6 +43,7 @@ class AttentionSort:
         view: str = "last",
         layers: Sequence[int] | None = None,
         heads: Sequence[int] | None = None,
+        head_pairs: Sequence[tuple[int, int]] | None = None,
         max_tokens: int = 8192,
     ) -> None:
         if rounds < 1:
@@ -46,6 +53,16 @@ class AttentionSort:
         for name, sel, n in (("layers", layers, proxy.num_layers), ("heads", heads, proxy.num_heads)):
             if sel is not None and (not sel or any(not 0 <= i < n for i in sel)):
                 raise ValueError(f"{name} must be a non-empty list of indices in [0, {n})")
+        if head_pairs is not None:
+            if layers is not None or heads is not None:
+                raise ValueError("give head_pairs or layers/heads, not both")
+            pairs = [(int(a), int(b)) for a, b in head_pairs]
+            if not pairs or any(not (0 <= a < proxy.num_layers and 0 <= b < proxy.num_heads) for a, b in pairs):
+                raise ValueError(
+                    f"head_pairs must be a non-empty list of (layer, head) with layer < {proxy.num_layers} "
+                    f"and head < {proxy.num_heads}"
+                )
+        self.head_pairs = pairs if head_pairs is not None else None
         self.proxy = proxy
         self.rounds = rounds
         self.view = view
@@ -54,12 +71,28 @@ class AttentionSort:
         self.max_tokens = max_tokens
         self.history: list[list[int]] = []
 
+    @classmethod
+    def tuned(cls, proxy: ProxyModel, *, rounds: int = 2, max_tokens: int = 8192) -> AttentionSort:
+        """Attention sorting over the model's retrieval heads when they are known (selected on NQ training
+        questions and shipped with the model's document probe), else the paper's all-heads average."""
+        from rag_opt.probe import shipped_probe
+
+        probe = shipped_probe(proxy.name, "document")
+        cfg = (probe.metadata.get("attention_sort") if probe is not None else None) or {}
+        if not cfg:
+            return cls(proxy, rounds=rounds, max_tokens=max_tokens)
+        pairs = [(int(a), int(b)) for a, b in cfg["head_pairs"]]
+        return cls(proxy, rounds=rounds, view=str(cfg["view"]), head_pairs=pairs, max_tokens=max_tokens)
+
     def scores(self, question: str, documents: Sequence[str]) -> np.ndarray:
         """Attention mass on each document (in the given order), mean over the chosen layers and heads."""
         feats = extract(self.proxy, [[d] for d in documents], question, max_tokens=self.max_tokens)
         if feats.windows > 1:
             raise ValueError(f"the documents do not fit one forward pass of {self.max_tokens} tokens")
         mass = feats.doc_mass[:, VIEWS.index(self.view)]  # (n_docs, L, H)
+        if self.head_pairs is not None:
+            picked = np.stack([mass[:, a, b] for a, b in self.head_pairs], axis=1)
+            return np.asarray(picked.mean(axis=1), dtype=np.float64)
         if self.layers is not None:
             mass = mass[:, self.layers]
         if self.heads is not None:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from rag_opt.calibration import PositionProfile
+from rag_opt.calibration import PositionProfile, ProfileStore
 from rag_opt.orderers.lost_in_the_middle import _checked_scores
 
 
@@ -47,3 +47,42 @@ class CalibratedPlacement:
                 f"this one is for {self.profile.n_docs} (run `rag-opt calibrate --n-docs {len(relevance)}`)"
             )
         return placement(relevance, np.asarray(self.slot_attention).tolist())
+
+
+def resample_slots(curve: Sequence[float] | np.ndarray, n_slots: int) -> np.ndarray:
+    """A slot-attention curve measured for ``len(curve)`` slots, linearly resampled to ``n_slots`` slots by
+    relative position (slot centres), for placing a number of documents nobody calibrated for."""
+    c = np.asarray(curve, dtype=np.float64)
+    if n_slots < 1:
+        raise ValueError(f"n_slots must be >= 1, got {n_slots}")
+    src = (np.arange(len(c)) + 0.5) / len(c)
+    dst = (np.arange(n_slots) + 0.5) / n_slots
+    return np.asarray(np.interp(dst, src, c), dtype=np.float64)
+
+
+def slot_attention_for(
+    store: ProfileStore | None, model: str, n_slots: int, *, view: str = "last"
+) -> tuple[np.ndarray | None, str | None]:
+    """The slot-attention curve to place ``n_slots`` documents with, and a note when it is not measured.
+
+    The profile for exactly ``n_slots`` when one exists; else the nearest calibrated size, resampled by
+    relative position (noted); else None (noted: the caller falls back to end-placement).
+    """
+    if store is not None:
+        exact = store.get(model, n_slots)
+        if exact is not None:
+            return exact.slot_attention(view), None
+        sizes = store.available(model)
+        if sizes:
+            near = min(sizes, key=lambda n: (abs(n - n_slots), n))
+            prof = store.get(model, near)
+            if prof is not None:
+                note = (
+                    f"calibrated placement: no profile for {n_slots} documents of {model}; used the {near}-document "
+                    f"profile resampled to {n_slots} slots (`rag-opt calibrate --n-docs {n_slots}` measures it)"
+                )
+                return resample_slots(prof.slot_attention(view), n_slots), note
+    return None, (
+        f"calibrated placement: no calibration profile for {model}; documents were end-placed "
+        "(lost_in_the_middle) instead (`rag-opt calibrate` measures one)"
+    )

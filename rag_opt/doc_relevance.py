@@ -1,0 +1,67 @@
+"""Document relevance from the same proxy forward pass as the sentence scores, calibrated for position bias.
+
+The final token's attention to a document, averaged over the small proxy's heads, mostly measures *where* the
+document sits (recency), not whether it answers the question. rag-opt therefore
+
+1. subtracts, per layer, head and slot, the attention share a non-relevant document receives in that slot
+   (the calibration profile, :mod:`rag_opt.calibration`: "found in the middle" applied per head), and
+2. feeds those calibrated per-head features (final-token and question-token views) plus cheap lexical
+   features to a logistic-regression *document probe* trained on NQ questions set aside for training
+   (``rag-opt train-doc-probe``).
+
+No extra forward pass is needed: the attention comes from the sentence scorer's pass. Calibration needs the
+whole context in one window and a profile for the number of documents; otherwise the caller falls back to the
+best sentence score per document and reports the scores as uncalibrated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rag_opt.features import build_doc_features
+from rag_opt.text import segment
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.attention import AttentionFeatures
+    from rag_opt.calibration import PositionProfile
+    from rag_opt.probe import Probe
+
+DEFAULT_DOC_BLOCKS = ("doc_cal_last", "doc_cal_question", "doc_lexical")
+
+
+def titled_units(docs: Sequence[Mapping[str, str]], language: str = "en") -> list[list[str]]:
+    """Passages with a ``title`` and a ``text`` as unit lists — ``[title line, segment, ...]`` — exactly as the
+    optimizer renders a titled document."""
+    out = []
+    for d in docs:
+        text = d["text"]
+        out.append([f"{d['title']}\n", *(text[s.start : s.end] for s in segment(text, language))])
+    return out
+
+
+def document_relevance(
+    probe: Probe,
+    attn: AttentionFeatures,
+    question: str,
+    doc_units: Sequence[Sequence[str]],
+    profile: PositionProfile | None,
+) -> np.ndarray:
+    """Probability that each document (in prompt order) is relevant, from calibrated per-head attention.
+
+    ``doc_units`` are the documents as rendered (unit strings, concatenated verbatim). ``profile`` must be the
+    calibration profile of the proxy model for exactly ``len(doc_units)`` documents when the probe uses
+    calibrated blocks.
+    """
+    if probe.layout.level != "document":
+        raise ValueError(f"document_relevance needs a document-level probe, got level {probe.layout.level!r}")
+    n = len(doc_units)
+    baseline = None
+    if profile is not None:
+        if profile.n_docs != n:
+            profile.check(profile.model, n, profile.template)  # raises the explanatory mismatch error
+        baseline = profile.baseline
+    X = build_doc_features(probe.layout, attn, question, ["".join(d) for d in doc_units], baseline)
+    return np.asarray(probe.predict_proba(X), dtype=np.float64)
