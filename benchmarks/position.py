@@ -126,38 +126,48 @@ def run_nq(
     }
 
 
-def run_kv(proxy: ProxyModel, n_keys: int, questions: int, positions: list[int]) -> dict[str, Any]:
+def run_kv(proxy: ProxyModel, n_keys: int, questions: int, positions: list[int], cache_root: str) -> dict[str, Any]:
     """Mean rank of the queried key-value pair by raw vs calibrated attention (mean over layers and heads).
 
     The positional profile is measured on the same kind of context with a query key that is *not* in the list
-    (every slot non-relevant), from records other than the measured ones."""
-    from tqdm.auto import tqdm
+    (every slot non-relevant), on records other than the measured ones. Features are cached like NQ's."""
+    from rag_opt.feature_cache import fill_cache
+    from rag_opt.train import feature_cache_for
 
     path = data_dir() / "lost_in_the_middle" / "kv_retrieval_data" / f"kv-retrieval-{n_keys}_keys.jsonl.gz"
     recs = list(read_jsonl(path))[: 2 * questions]
     measured, held = recs[:questions], recs[questions:]
 
-    def mass_of(kv: list[tuple[str, str]], key: str) -> np.ndarray:
-        units = [[f'"{k}": "{v}",\n'] for k, v in kv]
-        feats = extract(proxy, units, f'Key: "{key}"\nCorresponding value:', max_tokens=8192)
-        return np.asarray(feats.doc_mass[:, LAST].mean(axis=(1, 2)), dtype=np.float64)
+    def pairs(rec: dict[str, Any]) -> list[tuple[str, str]]:
+        return [(str(k), str(v)) for k, v in rec["ordered_kv_records"]]
 
-    baseline = np.zeros(n_keys)
-    for i, rec in enumerate(tqdm(held, desc="kv profile (absent key)")):
-        kv = [(str(k), str(v)) for k, v in rec["ordered_kv_records"]]
-        baseline += mass_of(kv, str(measured[i % len(measured)]["key"]))
-    baseline /= len(held)
-    out: dict[str, Any] = {"questions_per_position": questions, "positions": {}}
+    def units(kv: list[tuple[str, str]]) -> list[list[str]]:
+        return [[f'"{k}": "{v}",\n'] for k, v in kv]
+
+    def query(key: str) -> str:
+        return f'Key: "{key}"\nCorresponding value:'
+
+    todo: list[tuple[str, list[list[str]], str]] = []
+    for i, rec in enumerate(held):  # absent key: another measured record's key
+        todo.append((f"base{i}", units(pairs(rec)), query(str(measured[i % len(measured)]["key"]))))
     for pos in positions:
-        raw_r, cal_r = [], []
-        for rec in tqdm(measured, desc=f"kv gold@{pos}"):
-            kv = [(str(k), str(v)) for k, v in rec["ordered_kv_records"]]
+        for i, rec in enumerate(measured):
             gold = (str(rec["key"]), str(rec["value"]))
-            kv = [p for p in kv if p[0] != gold[0]]
+            kv = [p for p in pairs(rec) if p[0] != gold[0]]
             kv.insert(pos, gold)
-            m = mass_of(kv, gold[0])
-            raw_r.append(rank_of_gold(m, pos))
-            cal_r.append(rank_of_gold(m - baseline, pos))
+            todo.append((f"q{i}-g{pos}", units(kv), query(gold[0])))
+    cache = feature_cache_for(cache_root, proxy.name, f"kv-{n_keys}")
+    fill_cache(cache, todo, lambda d, q: extract(proxy, d, q, max_tokens=8192), shard_size=10, desc="key-value")
+    feats = cache.load(t[0] for t in todo)
+
+    def mass(key: str) -> np.ndarray:
+        return np.asarray(feats[key].doc_mass[:, LAST].astype(np.float64).mean(axis=(1, 2)))
+
+    baseline = np.mean([mass(f"base{i}") for i in range(len(held))], axis=0)
+    out: dict[str, Any] = {"questions_per_position": questions, "profile_contexts": len(held), "positions": {}}
+    for pos in positions:
+        raw_r = [rank_of_gold(mass(f"q{i}-g{pos}"), pos) for i in range(len(measured))]
+        cal_r = [rank_of_gold(mass(f"q{i}-g{pos}") - baseline, pos) for i in range(len(measured))]
         out["positions"][str(pos)] = {
             "raw_mean_rank": float(np.mean(raw_r)),
             "calibrated_mean_rank": float(np.mean(cal_r)),
@@ -195,13 +205,13 @@ def main() -> None:
         compare[label] = Probe.load(path)
     sentence_probe = shipped_probe(proxy.name)
     results: dict[str, Any] = {"model": proxy.name, "doc_probe": doc_probe.metadata, "n_docs": {}}
-    for n_docs in (int(x) for x in args.n_docs.split(",")):
+    for n_docs in (int(x) for x in args.n_docs.split(",") if x.strip() and x.strip() != "none"):
         prof = profile_for(proxy, n_docs, args.calibration_contexts)
         results["n_docs"][str(n_docs)] = run_nq(
             proxy, n_docs, args.questions, args.cache, prof, doc_probe, sentence_probe, compare
         )
     if args.kv_questions:
-        results["kv_retrieval_75"] = run_kv(proxy, 75, args.kv_questions, [0, 24, 49, 74])
+        results["kv_retrieval_75"] = run_kv(proxy, 75, args.kv_questions, [0, 24, 49, 74], args.cache)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(results, indent=2))

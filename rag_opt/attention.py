@@ -251,11 +251,12 @@ def extract(
     """Attention features for every unit of ``docs`` (each a list of unit strings) given ``question``.
 
     Contexts longer than ``max_tokens`` proxy tokens are processed in windows of whole documents (a document
-    longer than a window is split between units); every window repeats the question.
+    longer than a window is split between units); every window repeats the question. Windows never exceed the
+    model's own context length.
     """
     if not question.strip():
         raise ValueError("question is empty")
-    windows = _plan_windows(proxy, docs, question, max_tokens)
+    windows = _plan_windows(proxy, docs, question, min(max_tokens, proxy.max_positions))
     n_units = sum(len(u) for u in docs)
     n_docs = len(docs)
     L, H = proxy.num_layers, proxy.num_heads

@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--target-tokens", type=_nonneg_int, help="token budget in the target LLM's tokens")
     g.add_argument("--threshold", type=float, help="keep sentences whose relevance probability is >= this")
     p.add_argument("--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>")
-    p.add_argument("--ordering", default="input", choices=list(ORDERINGS), help="document ordering (default: input)")
+    p.add_argument("--ordering", default="input", help=f"document ordering: {', '.join(ORDERINGS)} (default: input)")
     p.add_argument("--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
     _add_model_args(p)
 

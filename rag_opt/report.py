@@ -210,7 +210,7 @@ def render_html(
         + (
             "document relevance calibrated against the positional attention profile."
             if result.calibrated
-            else "no calibration profile: document relevance is raw."
+            else "document relevance is not position-calibrated (see the warnings)."
         )
     )
     h.append(f'<p class="note">{note}</p>')

@@ -149,7 +149,10 @@ class OptimizeResult(BaseModel):
     target_tokenizer: str
     scorer: str = Field(description="'probe', 'raw-attention' or 'none' (no compression requested)")
     proxy_model: str | None = None
-    calibrated: bool = False
+    calibrated: bool = Field(
+        default=False,
+        description="document scores are position-calibrated (document probe over calibrated attention)",
+    )
     ordering: str = "input"
     timings: Timings = Field(default_factory=Timings)
     warnings: list[str] = Field(default_factory=list)

@@ -52,7 +52,7 @@ def test_invalid_probe_files(tmp_path):
     data = _probe().to_dict()
     data["layout"]["blocks"] = ["attn_everything"]
     f.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match="unknown feature block"):
+    with pytest.raises(ValueError, match="unknown unit-level feature block"):
         Probe.load(f)
     with pytest.raises(FileNotFoundError):
         Probe.load(tmp_path / "missing.json")

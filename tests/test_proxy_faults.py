@@ -708,7 +708,7 @@ def test_a_document_longer_than_the_proxy_window_is_optimized_through_the_proxy(
     long_doc = " ".join(d["text"] for d in DOCS) * 4
     short = DOCS[0]["text"]
     content = f"<document id='long'>{long_doc}</document>\n<document id='short'>{short}</document>\n\n{QUESTION}"
-    with serve_proxy(upstream[1], ContextOptimizer(), target_tokens=300) as (url, _):
+    with serve_proxy(upstream[1], ContextOptimizer(max_window_tokens=2048), target_tokens=300) as (url, _):
         r = post(url, json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]}).encode(), 300)
         assert r.status_code == 200 and r.headers["x-ragopt-status"] == "optimized"
         assert int(r.headers["x-ragopt-tokens-before"]) > 4000 >= 300 >= int(r.headers["x-ragopt-tokens-after"])

@@ -97,7 +97,7 @@ def test_report_shows_every_sentence_order_and_tokens(bm25_result) -> None:
     for rank, d in enumerate(result.documents):
         assert f"<b>{rank + 1}</b>{html.escape(d.title or d.id)}" in page
     assert "Relevance (raw)" in page and "Relevance (calibrated)" in page
-    assert "no calibration profile" in page
+    assert "not position-calibrated" in page
 
 
 def test_report_is_self_contained(bm25_result) -> None:
