@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
     p.add_argument("--keep-best-per-doc", action="store_true", help="keep at least the best sentence of each document")
     p.add_argument("--keep-first", action="store_true", help="always keep each document's first sentence")
+    p.add_argument(
+        "--no-calibrate",
+        dest="calibrate",
+        action="store_false",
+        help="do not position-calibrate document relevance (default: calibrate when a profile exists)",
+    )
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     _add_model_args(p)
 
@@ -132,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--contexts", type=int, default=50, help="calibration contexts to average (default 50)")
     p.add_argument("--data", default=None, help="NQ multi-doc JSONL(.gz) (default ../shared/data/nq_multidoc)")
     p.add_argument("--store", default=None, help="profile folder (default <rag-opt cache>/calibration)")
-    p.add_argument("--plot", default=None, help="write a PNG of the profile here (needs matplotlib)")
+    p.add_argument(
+        "--plot", default=None, help="where to write the PNG of the profile (default: next to the profile JSON)"
+    )
     p.add_argument("--force", action="store_true", help="re-estimate even when a cached profile exists")
     _add_model_args(p)
 
@@ -297,6 +305,7 @@ def _optimizer(args: argparse.Namespace) -> Any:
         probe=None if args.probe == "none" else args.probe,
         keep_best_per_doc=getattr(args, "keep_best_per_doc", False),
         keep_first=getattr(args, "keep_first", False),
+        calibrate=getattr(args, "calibrate", True),
     )
 
 
@@ -397,9 +406,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"using cached {store.path(proxy.name, args.n_docs)} ({profile.contexts} contexts)")
     curve = profile.slot_attention("last")
     print("slot attention (final token, mean over layers and heads): " + " ".join(f"{x:.3f}" for x in curve))
-    if args.plot:
-        plot_profile(profile, args.plot)
-        print(f"wrote {args.plot}")
+    plot = args.plot or str(store.path(proxy.name, args.n_docs).with_suffix(".png"))
+    try:
+        Path(plot).parent.mkdir(parents=True, exist_ok=True)
+        plot_profile(profile, plot)
+    except ImportError:
+        if args.plot:
+            raise UserError("--plot needs matplotlib: pip install 'rag-opt[plot]'") from None
+        print("(pip install 'rag-opt[plot]' to also get a PNG of the profile)")
+    else:
+        print(f"wrote {plot}")
     return 0
 
 

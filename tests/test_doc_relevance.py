@@ -267,6 +267,8 @@ def test_train_doc_probe_command_end_to_end(tmp_path, capsys):
     data_path("nq_multidoc", "public.jsonl.gz")
     store = str(tmp_path / "profiles")
     assert main(["calibrate", "--n-docs", "4", "--contexts", "3", "--store", store]) == 0
+    png = ProfileStore(store).path(EMBEDDED, 4).with_suffix(".png")
+    assert png.stat().st_size > 1000  # the U-curve plot is written next to the profile by default
     out = str(tmp_path / "doc.json")
     args = ["train-doc-probe", "--n-docs", "4", "--limit", "12", "--cache", str(tmp_path / "f"), "--store", store]
     assert main([*args, "--out", out]) == 0
@@ -285,3 +287,18 @@ def test_train_doc_probe_command_end_to_end(tmp_path, capsys):
     np.testing.assert_allclose(Probe.load(tmp_path / "doc2.json").weights, probe.weights)
     assert main(["train-doc-probe", "--n-docs", "7", "--out", out, "--store", store, "--limit", "2"]) == 2
     assert "rag-opt calibrate --n-docs 7" in capsys.readouterr().err
+
+
+@pytest.mark.model
+def test_cli_calibrated_ordering_and_opt_out(tmp_path, capsys):
+    from rag_opt.cli import main
+
+    ex = _nq(1)[0]
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps(d) + "\n" for d in _docs(ex, 10, 9)))
+    base = ["optimize", "-q", ex.question, "-i", str(path), "--ordering", "calibrated", "--json"]
+    assert main(base) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["calibrated"] is True and out["ordering"] == "calibrated" and len(out["documents"]) == 10
+    assert main([*base, "--no-calibrate"]) == 0
+    assert json.loads(capsys.readouterr().out)["calibrated"] is False
