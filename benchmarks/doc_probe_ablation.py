@@ -35,10 +35,12 @@ FEATURE_SETS = {
     "calibrated last": ("doc_cal_last",),
     "calibrated question": ("doc_cal_question",),
     "calibrated last + question": ("doc_cal_last", "doc_cal_question"),
+    "log-ratio calibrated last + question": ("doc_ratio_last", "doc_ratio_question"),
+    "calibrated (difference) last + question + lexical": ("doc_cal_last", "doc_cal_question", "doc_lexical"),
+    "log-ratio calibrated + lexical (shipped)": ("doc_ratio_last", "doc_ratio_question", "doc_lexical"),
     "raw last + question (no calibration)": ("doc_raw_last", "doc_raw_question"),
     "raw last + question + lexical": ("doc_raw_last", "doc_raw_question", "doc_lexical"),
     "lexical only": ("doc_lexical",),
-    "calibrated last + question + lexical (shipped)": ("doc_cal_last", "doc_cal_question", "doc_lexical"),
 }
 
 

@@ -4,7 +4,9 @@ The final token's attention to a document, averaged over the small proxy's heads
 document sits (recency), not whether it answers the question. rag-opt therefore
 
 1. subtracts, per layer, head and slot, the attention share a non-relevant document receives in that slot
-   (the calibration profile, :mod:`rag_opt.calibration`: "found in the middle" applied per head), and
+   (the calibration profile, :mod:`rag_opt.calibration`: "found in the middle" applied per head; in log space,
+   i.e. the log ratio of the two shares, which measured more accurate and more even across slots than the plain
+   difference — ``benchmarks/doc_probe_ablation.py``), and
 2. feeds those calibrated per-head features (final-token and question-token views) plus cheap lexical
    features to a logistic-regression *document probe* trained on NQ questions set aside for training
    (``rag-opt train-doc-probe``).
@@ -29,7 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.calibration import PositionProfile
     from rag_opt.probe import Probe
 
-DEFAULT_DOC_BLOCKS = ("doc_cal_last", "doc_cal_question", "doc_lexical")
+DEFAULT_DOC_BLOCKS = ("doc_ratio_last", "doc_ratio_question", "doc_lexical")
 
 
 def titled_units(docs: Sequence[Mapping[str, str]], language: str = "en") -> list[list[str]]:

@@ -18,6 +18,9 @@ use one row per document and these blocks:
 * ``doc_cal_last`` / ``doc_cal_question``: position-calibrated attention share per layer and head — the
   document's share minus the share a non-relevant document gets in the same slot (the calibration profile),
   times the number of documents (so 0 means "as much as a non-relevant document there");
+* ``doc_ratio_last`` / ``doc_ratio_question``: the same subtraction in log space — log of the document's share
+  over the non-relevant share in the same slot ("twice what this slot usually gets" reads the same in every
+  slot; the default: more accurate and more even across positions than the plain difference);
 * ``doc_raw_last`` / ``doc_raw_question``: uncalibrated log share relative to an even share (ablation);
 * ``doc_lexical``: BM25 of the document against the question (relative to the context's best, and log) and
   question-term overlap.
@@ -54,7 +57,15 @@ ALL_BLOCKS = (
 )
 DEFAULT_BLOCKS = ("attn_last", "attn_question", "doc_attn_question", "lexical")
 DOC_LEXICAL_NAMES = ("bm25_rel", "bm25_log", "overlap")
-DOC_BLOCKS = ("doc_cal_last", "doc_cal_question", "doc_raw_last", "doc_raw_question", "doc_lexical")
+DOC_BLOCKS = (
+    "doc_cal_last",
+    "doc_cal_question",
+    "doc_ratio_last",
+    "doc_ratio_question",
+    "doc_raw_last",
+    "doc_raw_question",
+    "doc_lexical",
+)
 LEVELS = {"unit": ALL_BLOCKS, "document": DOC_BLOCKS}
 
 
@@ -204,6 +215,13 @@ def build_doc_features(
             if baseline.shape != mass.shape:
                 raise ValueError(f"calibration baseline {baseline.shape} does not match attention {mass.shape}")
             blocks.append(((mass[:, view] - baseline[:, view]) * n).reshape(n, -1))
+        elif block.startswith("doc_ratio_"):
+            if baseline is None:
+                raise ValueError(f"feature block {block!r} needs a calibration profile")
+            if baseline.shape != mass.shape:
+                raise ValueError(f"calibration baseline {baseline.shape} does not match attention {mass.shape}")
+            ratio = (mass[:, view] * n + EPS) / (baseline[:, view] * n + EPS)
+            blocks.append(np.log(ratio).reshape(n, -1))
         elif block.startswith("doc_raw_"):
             blocks.append(np.log(mass[:, view] * n + EPS).reshape(n, -1))
         elif block == "doc_lexical":

@@ -54,6 +54,9 @@ def test_doc_features_are_calibrated_shares_and_lexical():
     np.testing.assert_allclose(X[:, 12:18], np.log(attn.doc_mass[:, 0] * 4 + 1e-3).reshape(4, -1), rtol=1e-5)
     bm25_rel = X[:, 18]
     assert bm25_rel[0] == pytest.approx(1.0) and bm25_rel.argmax() == 0 and bm25_rel[2] == 0.0
+    ratio = build_doc_features(FeatureLayout(("doc_ratio_question",), 3, 2, level="document"), attn, "q", texts, base)
+    expected = np.log((attn.doc_mass[:, 1] * 4 + 1e-3) / (base[:, 1] * 4 + 1e-3)).reshape(4, -1)
+    np.testing.assert_allclose(ratio, expected, rtol=1e-5)
 
 
 def test_doc_features_refuse_what_they_cannot_compute():
@@ -90,7 +93,7 @@ def test_document_probe_round_trip(tmp_path):
 def test_shipped_document_probe_and_profiles():
     probe = shipped_probe(EMBEDDED, "document")
     assert probe is not None and probe.layout.level == "document"
-    assert probe.layout.blocks[:2] == ("doc_cal_last", "doc_cal_question")
+    assert probe.layout.blocks == ("doc_ratio_last", "doc_ratio_question", "doc_lexical")
     assert shipped_probe(EMBEDDED).layout.level == "unit"  # type: ignore[union-attr]
     assert "nq_multidoc train split" in probe.metadata["trained_on"]
 
