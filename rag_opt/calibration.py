@@ -246,11 +246,24 @@ def plot_profile(profile: PositionProfile, path: str | Path) -> None:
 
 def nq_calibration_contexts(n_docs: int, limit: int, path: str | Path | None = None) -> list[tuple[list[str], str]]:
     """Contexts of ``n_docs`` real non-relevant passages: NQ distractors (they do not contain the answer) of the
-    NQ records set aside for calibration, each with its own question."""
+    NQ records set aside for calibration, each with its own question. A record has at most 29 distractors; larger
+    contexts are filled up with the next record's distractors (non-relevant to this question too)."""
     from rag_opt.datasets import data_dir, nq_split, read_nq_multidoc
 
     src = Path(path) if path else data_dir() / "nq_multidoc" / "public.jsonl.gz"
-    records = nq_split(read_nq_multidoc(src, min_distractors=n_docs), "calibration")[:limit]
-    if not records:
-        raise ValueError(f"no NQ records with at least {n_docs} distractors in {src}")
-    return [([f"{d['title']}\n{d['text']}" for d in ex.documents(n_docs, None)], ex.question) for ex in records]
+    records = nq_split(read_nq_multidoc(src, min_distractors=min(n_docs, 29)), "calibration")
+    if len(records) < 2 and (not records or len(records[0].distractors) < n_docs):
+        raise ValueError(f"not enough NQ calibration records in {src} for {n_docs} documents")
+    out = []
+    for i, ex in enumerate(records[:limit]):
+        docs = [dict(d) for d in ex.distractors[:n_docs]]
+        k = i + 1
+        while len(docs) < n_docs and k < i + len(records):
+            other = records[k % len(records)]
+            seen = {d["text"] for d in docs}
+            docs += [dict(d) for d in other.distractors if d["text"] not in seen][: n_docs - len(docs)]
+            k += 1
+        if len(docs) < n_docs:
+            raise ValueError(f"not enough NQ distractors in {src} for {n_docs} documents")
+        out.append(([f"{d['title']}\n{d['text']}" for d in docs], ex.question))
+    return out

@@ -108,3 +108,16 @@ def test_calibrate_command_builds_caches_and_plots(tmp_path, capsys):
     np.testing.assert_allclose(profile.baseline.sum(0), 1.0, atol=1e-4)
     assert main(args) == 0
     assert "using cached" in capsys.readouterr().out
+
+
+def test_calibration_contexts_fill_up_beyond_one_records_distractors():
+    from rag_opt.calibration import nq_calibration_contexts
+    from tests.conftest import data_path
+
+    path = data_path("nq_multidoc", "public.jsonl.gz")
+    ctx = nq_calibration_contexts(30, 5, path)  # NQ records have at most 29 distractors
+    assert len(ctx) == 5
+    for docs, question in ctx:
+        assert len(docs) == 30 == len(set(docs)) and question.strip()
+    ten = nq_calibration_contexts(10, 3, path)
+    assert [d[:10] for d, _ in ten] == [d[:10] for d, _ in ctx[:3]]  # the same records, their own distractors first
