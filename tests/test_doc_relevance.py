@@ -93,7 +93,7 @@ def test_document_probe_round_trip(tmp_path):
 def test_shipped_document_probe_and_profiles():
     probe = shipped_probe(EMBEDDED, "document")
     assert probe is not None and probe.layout.level == "document"
-    assert probe.layout.blocks == ("doc_ratio_last", "doc_ratio_question", "doc_lexical")
+    assert probe.layout.blocks == ("doc_ratio_last", "doc_ratio_question")
     assert shipped_probe(EMBEDDED).layout.level == "unit"  # type: ignore[union-attr]
     assert "nq_multidoc train split" in probe.metadata["trained_on"]
 
