@@ -127,7 +127,8 @@ def run_nq(
 
 
 def run_kv(proxy: ProxyModel, n_keys: int, questions: int, positions: list[int], cache_root: str) -> dict[str, Any]:
-    """Mean rank of the queried key-value pair by raw vs calibrated attention (mean over layers and heads).
+    """Mean rank of the queried key-value pair by raw vs calibrated attention: the final token's, averaged over all
+    layers and heads, and averaged over the model's retrieval heads (``AttentionSort.tuned``'s).
 
     The positional profile is measured on the same kind of context with a query key that is *not* in the list
     (every slot non-relevant), on records other than the measured ones. Features are cached like NQ's."""
@@ -160,21 +161,33 @@ def run_kv(proxy: ProxyModel, n_keys: int, questions: int, positions: list[int],
     fill_cache(cache, todo, lambda d, q: extract(proxy, d, q, max_tokens=8192), shard_size=10, desc="key-value")
     feats = cache.load(t[0] for t in todo)
 
-    def mass(key: str) -> np.ndarray:
-        return np.asarray(feats[key].doc_mass[:, LAST].astype(np.float64).mean(axis=(1, 2)))
+    probe = shipped_probe(proxy.name, "document")
+    heads = (probe.metadata.get("attention_sort") if probe is not None else None) or {}
 
-    baseline = np.mean([mass(f"base{i}") for i in range(len(held))], axis=0)
+    def scores(key: str, kind: str) -> np.ndarray:
+        m = feats[key].doc_mass.astype(np.float64)
+        if kind == "all heads":
+            return np.asarray(m[:, LAST].mean(axis=(1, 2)))
+        v = VIEWS.index(heads["view"])
+        return np.asarray(np.mean([m[:, v, a, b] for a, b in heads["head_pairs"]], axis=0))
+
+    kinds = ["all heads"] + (["retrieval heads"] if heads else [])
     out: dict[str, Any] = {"questions_per_position": questions, "profile_contexts": len(held), "positions": {}}
-    for pos in positions:
-        raw_r = [rank_of_gold(mass(f"q{i}-g{pos}"), pos) for i in range(len(measured))]
-        cal_r = [rank_of_gold(mass(f"q{i}-g{pos}") - baseline, pos) for i in range(len(measured))]
-        out["positions"][str(pos)] = {
-            "raw_mean_rank": float(np.mean(raw_r)),
-            "calibrated_mean_rank": float(np.mean(cal_r)),
-            "raw_recall@1": float(np.mean(np.array(raw_r) <= 1)),
-            "calibrated_recall@1": float(np.mean(np.array(cal_r) <= 1)),
-        }
-    out["slot_attention"] = baseline.tolist()
+    if heads:
+        out["retrieval_heads"] = heads
+    for kind in kinds:
+        baseline = np.mean([scores(f"base{i}", kind) for i in range(len(held))], axis=0)
+        for pos in positions:
+            raw_r = [rank_of_gold(scores(f"q{i}-g{pos}", kind), pos) for i in range(len(measured))]
+            cal_r = [rank_of_gold(scores(f"q{i}-g{pos}", kind) - baseline, pos) for i in range(len(measured))]
+            out["positions"].setdefault(str(pos), {})[kind] = {
+                "raw_mean_rank": float(np.mean(raw_r)),
+                "calibrated_mean_rank": float(np.mean(cal_r)),
+                "raw_recall@1": float(np.mean(np.array(raw_r) <= 1)),
+                "calibrated_recall@1": float(np.mean(np.array(cal_r) <= 1)),
+            }
+        if kind == "all heads":
+            out["slot_attention"] = baseline.tolist()
     return out
 
 
@@ -237,13 +250,18 @@ def report(results: dict[str, Any]) -> str:
         lines.append("slot attention (U-curve): " + " ".join(f"{x:.3f}" for x in res["slot_attention"]))
     kv = results.get("kv_retrieval_75")
     if kv:
-        lines.append(f"\nkey-value retrieval (75 pairs, {kv['questions_per_position']} per position): mean gold rank")
-        lines.append(f"{'gold position':<16}{'raw':>8}{'calibrated':>12}{'raw R@1':>9}{'cal R@1':>9}")
+        lines.append(
+            f"\nkey-value retrieval (75 pairs, {kv['questions_per_position']} per position): mean gold rank (Recall@1)"
+        )
+        kinds = list(next(iter(kv["positions"].values())))
+        lines.append(f"{'gold position':<16}" + "".join(f"{k + ' raw':>24}{k + ' calibrated':>30}" for k in kinds))
         for p, r in kv["positions"].items():
-            lines.append(
-                f"{p:<16}{r['raw_mean_rank']:>8.1f}{r['calibrated_mean_rank']:>12.1f}"
-                f"{r['raw_recall@1']:>9.2f}{r['calibrated_recall@1']:>9.2f}"
+            cells = "".join(
+                f"{r[k]['raw_mean_rank']:>17.1f} ({r[k]['raw_recall@1']:.2f}){r[k]['calibrated_mean_rank']:>23.1f} "
+                f"({r[k]['calibrated_recall@1']:.2f})"
+                for k in kinds
             )
+            lines.append(f"{p:<16}{cells}")
     return "\n".join(lines)
 
 
