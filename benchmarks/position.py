@@ -13,7 +13,7 @@ raw attention each slot receives (the U-curve). Questions come from the NQ ``tes
 trains on the ``train`` split, profiles come from the ``calibration`` split: no overlap). Attention features are
 cached on disk, so re-running (e.g. with another probe via ``--compare-probe``) costs no forward pass.
 
-    python benchmarks/position.py --n-docs 10,20,30 --questions 30 --kv-questions 8
+    python benchmarks/position.py --n-docs 10,20,30 --questions 10:30,20:30,30:12 --kv-questions 8
         # → benchmarks/results/position.{json,png}
 """
 
@@ -194,7 +194,11 @@ def run_kv(proxy: ProxyModel, n_keys: int, questions: int, positions: list[int],
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n-docs", default="10,20,30")
-    ap.add_argument("--questions", type=int, default=30, help="NQ test questions per gold position")
+    ap.add_argument(
+        "--questions",
+        default="30",
+        help="NQ test questions per gold position: one number, or per N as 10:30,20:30,30:12",
+    )
     ap.add_argument("--calibration-contexts", type=int, default=30, help="contexts for a profile built here")
     ap.add_argument("--kv-questions", type=int, default=0, help="key-value retrieval questions per position (0: skip)")
     ap.add_argument("--model", default=None)
@@ -218,10 +222,12 @@ def main() -> None:
         compare[label] = Probe.load(path)
     sentence_probe = shipped_probe(proxy.name)
     results: dict[str, Any] = {"model": proxy.name, "doc_probe": doc_probe.metadata, "n_docs": {}}
+    per_n = dict(x.split(":") for x in args.questions.split(",")) if ":" in args.questions else {}
     for n_docs in (int(x) for x in args.n_docs.split(",") if x.strip() and x.strip() != "none"):
         prof = profile_for(proxy, n_docs, args.calibration_contexts)
+        questions = int(per_n.get(str(n_docs), args.questions if not per_n else 30))
         results["n_docs"][str(n_docs)] = run_nq(
-            proxy, n_docs, args.questions, args.cache, prof, doc_probe, sentence_probe, compare
+            proxy, n_docs, questions, args.cache, prof, doc_probe, sentence_probe, compare
         )
     if args.kv_questions:
         results["kv_retrieval_75"] = run_kv(proxy, 75, args.kv_questions, [0, 24, 49, 74], args.cache)
