@@ -64,8 +64,8 @@ def document_relevance(
     n = len(doc_units)
     baseline = None
     if profile is not None:
-        if profile.n_docs != n:
-            profile.check(profile.model, n, profile.template)  # raises the explanatory mismatch error
+        # the profile must be the probe model's, for exactly these many documents (raises a clear error)
+        profile.check(probe.model, n, profile.template)
         baseline = profile.baseline
     X = build_doc_features(probe.layout, attn, question, ["".join(d) for d in doc_units], baseline)
     return np.asarray(probe.predict_proba(X), dtype=np.float64)

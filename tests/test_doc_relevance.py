@@ -144,6 +144,9 @@ def test_profile_of_another_size_is_refused_for_document_relevance():
     attn = _attn(n_docs=4, layers=30, heads=9)
     with pytest.raises(ProfileMismatchError, match="10 documents"):
         document_relevance(probe, attn, "q", [["a"], ["b"], ["c"], ["d"]], prof)
+    other = PositionProfile("Qwen/Qwen2.5-0.5B-Instruct", TEMPLATE_ID, 4, np.full((4, 2, 30, 9), 0.25), contexts=1)
+    with pytest.raises(ProfileMismatchError, match="Qwen"):
+        document_relevance(probe, attn, "q", [["a"], ["b"], ["c"], ["d"]], other)
 
 
 @pytest.mark.parametrize("ordering", ["calibrated", "attention_sort"])
