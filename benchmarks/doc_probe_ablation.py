@@ -25,10 +25,16 @@ from rag_opt.calibration import ProfileStore
 from rag_opt.datasets import data_dir
 from rag_opt.features import FeatureLayout
 from rag_opt.lexical import bm25_scores
-from rag_opt.probe import train_logistic
 from rag_opt.proxy import cache_dir, load_proxy
 from rag_opt.train import choose_l2
-from rag_opt.train_docs import build_doc_training_set, grouped_recall, nq_cache, nq_records, random_positions
+from rag_opt.train_docs import (
+    build_doc_training_set,
+    cross_val_scores,
+    grouped_recall,
+    nq_cache,
+    nq_records,
+    random_positions,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FEATURE_SETS = {
@@ -74,12 +80,10 @@ def main() -> None:
         sys.exit("no cached training features: run `rag-opt train-doc-probe` (or the extraction) first")
     profiles = {args.n_docs: prof}
     n = args.n_docs
-    rng = np.random.default_rng(args.seed)
     results: dict[str, dict[str, Any]] = {}
     base_lay = FeatureLayout(("doc_lexical",), proxy.num_layers, proxy.num_heads, level="document")
     _, y, groups = build_doc_training_set(insts, feats, base_lay, profiles)
     gold_pos = np.repeat([i.gold_at for i in insts], n)
-    folds = rng.permutation(np.unique(groups))
 
     def record(name: str, scores: np.ndarray, extra: dict[str, Any] | None = None) -> None:
         results[name] = {
@@ -98,11 +102,7 @@ def main() -> None:
         lay = FeatureLayout(blocks, proxy.num_layers, proxy.num_heads, level="document")
         X, _, _ = build_doc_training_set(insts, feats, lay, profiles)
         l2, _ = choose_l2(X, y, groups, grid=(1e-2, 3e-2, 1e-1, 3e-1, 1.0), seed=args.seed)
-        out = np.zeros(len(y))
-        for f in range(5):
-            held = np.isin(groups, folds[f::5])
-            mean, scale, w, b = train_logistic(X[~held], y[~held], l2=l2, seed=args.seed)
-            out[held] = ((X[held] - mean) / scale) @ w + b
+        out = cross_val_scores(X, y, groups, l2=l2, seed=args.seed)
         record(name, out, {"l2": l2, "features": int(X.shape[1])})
         logging.warning("%s: %s", name, results[name])
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

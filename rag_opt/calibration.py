@@ -134,6 +134,7 @@ class ProfileStore:
             root = os.environ.get("RAG_OPT_CALIBRATION_DIR") or cache_dir() / "calibration"
         self.root = Path(root)
         self.shipped = shipped
+        self._parsed: dict[tuple[str, int], PositionProfile] = {}  # (source, mtime_ns) -> profile
 
     def path(self, model: str, n_docs: int, template: str = TEMPLATE_ID) -> Path:
         return self.root / f"{profile_key(model, template, n_docs)}.json"
@@ -141,17 +142,22 @@ class ProfileStore:
     def get(self, model: str, n_docs: int, template: str = TEMPLATE_ID) -> PositionProfile | None:
         p = self.path(model, n_docs, template)
         if p.is_file():
-            text, source = p.read_text(), f"calibration profile {p}"
+            key, source = (str(p), p.stat().st_mtime_ns), f"calibration profile {p}"
+            read = p.read_text
         else:
             res = _shipped_dir() / p.name
             if not self.shipped or not res.is_file():
                 return None
-            text, source = res.read_text(), f"shipped calibration profile {p.name}"
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{source} is not valid JSON: {exc}") from None
-        profile = PositionProfile.from_dict(data, source=source)
+            key, source = (f"shipped:{p.name}", 0), f"shipped calibration profile {p.name}"
+            read = res.read_text
+        profile = self._parsed.get(key)
+        if profile is None:
+            try:
+                data = json.loads(read())
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{source} is not valid JSON: {exc}") from None
+            profile = PositionProfile.from_dict(data, source=source)
+            self._parsed[key] = profile
         profile.check(model, n_docs, template)
         return profile
 

@@ -206,20 +206,19 @@ def build_doc_features(
     if attn.windows != 1:
         raise ValueError("document features need the whole context in one forward pass (windows == 1)")
     mass = attn.doc_mass.astype(np.float64)
+    calibrated = [b for b in layout.blocks if b.startswith(("doc_cal_", "doc_ratio_"))]
+    if calibrated and baseline is None:
+        raise ValueError(f"feature block {calibrated[0]!r} needs a calibration profile")
+    if calibrated and baseline is not None and baseline.shape != mass.shape:
+        raise ValueError(f"calibration baseline {baseline.shape} does not match attention {mass.shape}")
     blocks: list[np.ndarray] = []
     for block in layout.blocks:
         view = 0 if block.endswith("_last") else 1
         if block.startswith("doc_cal_"):
-            if baseline is None:
-                raise ValueError(f"feature block {block!r} needs a calibration profile")
-            if baseline.shape != mass.shape:
-                raise ValueError(f"calibration baseline {baseline.shape} does not match attention {mass.shape}")
+            assert baseline is not None
             blocks.append(((mass[:, view] - baseline[:, view]) * n).reshape(n, -1))
         elif block.startswith("doc_ratio_"):
-            if baseline is None:
-                raise ValueError(f"feature block {block!r} needs a calibration profile")
-            if baseline.shape != mass.shape:
-                raise ValueError(f"calibration baseline {baseline.shape} does not match attention {mass.shape}")
+            assert baseline is not None
             ratio = (mass[:, view] * n + EPS) / (baseline[:, view] * n + EPS)
             blocks.append(np.log(ratio).reshape(n, -1))
         elif block.startswith("doc_raw_"):

@@ -28,7 +28,7 @@ from rag_opt.doc_relevance import DEFAULT_DOC_BLOCKS, titled_units
 from rag_opt.feature_cache import FeatureCache, fill_cache
 from rag_opt.features import FeatureLayout, build_doc_features
 from rag_opt.probe import Probe, train_logistic
-from rag_opt.train import choose_l2, feature_cache_for
+from rag_opt.train import choose_l2, feature_cache_for, fit_probe
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.proxy import ProxyModel
@@ -128,10 +128,10 @@ def grouped_recall(scores: np.ndarray, y: np.ndarray, groups: np.ndarray, k: int
     return float(np.mean(hits))
 
 
-def cross_validate(
+def cross_val_scores(
     X: np.ndarray, y: np.ndarray, groups: np.ndarray, *, l2: float, folds: int = 5, seed: int = 0
-) -> dict[str, float]:
-    """Recall@1 / Recall@3 of the probe on held-out questions (folds split by question)."""
+) -> np.ndarray:
+    """Held-out probe logits for every row: ``folds`` folds split by question (group), fixed seed."""
     rng = np.random.default_rng(seed)
     qs = rng.permutation(np.unique(groups))
     out = np.zeros(len(y))
@@ -139,6 +139,14 @@ def cross_validate(
         held = np.isin(groups, qs[f::folds])
         mean, scale, w, b = train_logistic(X[~held], y[~held], l2=l2, seed=seed)
         out[held] = ((X[held] - mean) / scale) @ w + b
+    return out
+
+
+def cross_validate(
+    X: np.ndarray, y: np.ndarray, groups: np.ndarray, *, l2: float, folds: int = 5, seed: int = 0
+) -> dict[str, float]:
+    """Recall@1 / Recall@3 of the probe on held-out questions (folds split by question)."""
+    out = cross_val_scores(X, y, groups, l2=l2, folds=folds, seed=seed)
     return {"recall@1": grouped_recall(out, y, groups, 1), "recall@3": grouped_recall(out, y, groups, 3)}
 
 
@@ -191,32 +199,24 @@ def train_doc_probe(
         l2, losses = choose_l2(X, y, groups, grid=(1e-2, 3e-2, 1e-1, 3e-1, 1.0), seed=seed)
     t = time.perf_counter()
     cv = cross_validate(X, y, groups, l2=l2, seed=seed)
-    mean, scale, w, b = train_logistic(X, y, l2=l2, seed=seed)
     report = {
         "questions": int(len(np.unique(groups))),
         "documents": int(len(y)),
         "l2": l2,
         "l2_heldout_logloss": {str(k): v for k, v in losses.items()},
         "cv_5fold": cv,
-        "fit_seconds": round(time.perf_counter() - t, 1),
     }
-    probe = Probe(
-        model=model_name,
-        layout=layout,
-        mean=mean,
-        scale=scale,
-        weights=w,
-        bias=b,
-        metadata={
-            "kind": "document relevance",
-            "template": TEMPLATE_ID,
-            "labels": "NQ gold passage = 1, BM25 distractors without the answer = 0",
-            "seed": seed,
-            "profiles": {str(n): p.contexts for n, p in sorted(profiles.items())},
-            **report,
-            **(meta or {}),
-        },
-    )
+    meta = {
+        "kind": "document relevance",
+        "template": TEMPLATE_ID,
+        "labels": "NQ gold passage = 1, BM25 distractors without the answer = 0",
+        "seed": seed,
+        "profiles": {str(n): p.contexts for n, p in sorted(profiles.items())},
+        **report,
+        **(meta or {}),
+    }
+    probe = fit_probe(X, y, layout, model_name, l2=l2, seed=seed, meta=meta)
+    report["fit_seconds"] = probe.metadata["fit_seconds"] = round(time.perf_counter() - t, 1)
     return probe, report
 
 

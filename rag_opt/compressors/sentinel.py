@@ -62,36 +62,19 @@ class SentinelCompressor:
     ) -> None:
         self.proxy = proxy
         self.max_tokens = max_tokens
-        if probe == "auto":
-            probe = shipped_probe(proxy.name)
-            if probe is None:
-                logger.warning(
-                    "no probe is shipped for proxy model %s: scoring with raw attention (weaker); train one "
-                    "with `rag-opt train-probe`",
-                    proxy.name,
-                )
-        elif isinstance(probe, str):
-            probe = Probe.load(probe)
-        if probe is not None:
-            probe.check_compatible(proxy.name, proxy.num_layers, proxy.num_heads)
-            if probe.layout.level != "unit":
-                raise ProbeMismatchError("the sentence probe must be unit-level; this one scores documents")
-        self.probe: Probe | None = probe
-        if doc_probe == "auto":
-            doc_probe = shipped_probe(proxy.name, "document")
-        elif isinstance(doc_probe, str):
-            doc_probe = Probe.load(doc_probe)
-        if doc_probe is not None:
-            doc_probe.check_compatible(proxy.name, proxy.num_layers, proxy.num_heads)
-            if doc_probe.layout.level != "document":
-                raise ProbeMismatchError("the document probe must be document-level; this one scores sentences")
-        self.doc_probe: Probe | None = doc_probe
+        self.probe: Probe | None = _resolve_probe(probe, proxy, "unit")
+        if self.probe is None and probe == "auto":
+            logger.warning(
+                "no probe is shipped for proxy model %s: scoring with raw attention (weaker); train one "
+                "with `rag-opt train-probe`",
+                proxy.name,
+            )
+        self.doc_probe: Probe | None = _resolve_probe(doc_probe, proxy, "document")
         if profiles == "auto":
             profiles = ProfileStore()
         elif isinstance(profiles, str):
             profiles = ProfileStore(profiles)
         self.profiles: ProfileStore | None = profiles
-        self._profiles: dict[int, PositionProfile] = {}
 
     @classmethod
     def from_model(
@@ -157,12 +140,24 @@ class SentinelCompressor:
         )
 
     def profile(self, n_docs: int) -> PositionProfile | None:
-        """The calibration profile of this proxy for ``n_docs`` documents (cached once found), if any."""
-        if self.profiles is None:
-            return None
-        found = self._profiles.get(n_docs)
-        if found is None:
-            found = self.profiles.get(self.proxy.name, n_docs)
-            if found is not None:
-                self._profiles[n_docs] = found
-        return found
+        """The calibration profile of this proxy for ``n_docs`` documents, if any (parsed once per file)."""
+        return self.profiles.get(self.proxy.name, n_docs) if self.profiles is not None else None
+
+
+def _resolve_probe(spec: Probe | None | str, proxy: ProxyModel, level: str) -> Probe | None:
+    """A probe from ``"auto"`` (shipped for the model), a path, a :class:`Probe` or None, checked against the
+    proxy model and the expected level (``unit``: sentences, ``document``: documents)."""
+    if spec == "auto":
+        probe = shipped_probe(proxy.name, level)
+    elif isinstance(spec, str):
+        probe = Probe.load(spec)
+    else:
+        probe = spec
+    if probe is not None:
+        probe.check_compatible(proxy.name, proxy.num_layers, proxy.num_heads)
+        if probe.layout.level != level:
+            other = {"unit": "sentence", "document": "document"}
+            raise ProbeMismatchError(
+                f"the {other[level]} probe must be {level}-level; this one is {probe.layout.level}-level"
+            )
+    return probe
