@@ -1,15 +1,95 @@
-"""Typed data shared by every stage: input documents, scored units and the optimization result."""
+"""The public value types: input documents, the budget, ordering names, scored units and the result."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from rag_opt.errors import InvalidInputError, InvalidInputTypeError
+
+__all__ = [
+    "ORDERING_NAMES",
+    "Budget",
+    "Document",
+    "DocumentLike",
+    "OptimizeResult",
+    "OrderingName",
+    "OutputDocument",
+    "Timings",
+    "Unit",
+    "UnitKind",
+    "check_ordering",
+    "to_documents",
+]
+
 UnitKind = Literal["title", "sentence", "heading", "list_item", "code", "table", "json"]
+
+OrderingName = Literal["input", "lost_in_the_middle", "relevance", "calibrated", "attention_sort"]
+"""How kept documents are ordered: ``input`` (unchanged), ``lost_in_the_middle`` (best at both ends),
+``relevance`` (best first), ``calibrated`` (best into the slots the proxy attends to most) or
+``attention_sort`` (the proxy's attention sorts them)."""
+ORDERING_NAMES: tuple[str, ...] = get_args(OrderingName)
+
+
+def check_ordering(name: object) -> OrderingName:
+    """``name`` as an :data:`OrderingName`, or :class:`~rag_opt.errors.InvalidInputError` naming the choices."""
+    if not isinstance(name, str) or name not in ORDERING_NAMES:
+        raise InvalidInputError(f"unknown ordering {name!r}; use one of {', '.join(ORDERING_NAMES)}")
+    return name  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How much context to keep: at most one of ``ratio`` (a fraction of the input's target-LLM tokens, in
+    (0, 1]), ``target_tokens`` (a token count) or ``threshold`` (keep units whose relevance probability is at
+    least this). All None: no compression. Validated when built."""
+
+    ratio: float | None = None
+    target_tokens: int | None = None
+    threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        ratio, target_tokens, threshold = self.ratio, self.target_tokens, self.threshold
+        given = [
+            n for n, v in (("ratio", ratio), ("target_tokens", target_tokens), ("threshold", threshold)) if v is not None
+        ]
+        if len(given) > 1:
+            raise InvalidInputError(
+                f"give at most one of ratio, target_tokens and threshold (got {' and '.join(given)})"
+            )
+        if ratio is not None:
+            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio):
+                raise InvalidInputError(f"ratio must be a number in (0, 1], got {ratio!r}")
+            if not 0 < ratio <= 1:
+                raise InvalidInputError(f"ratio must be in (0, 1], got {ratio}")
+        if target_tokens is not None:
+            if isinstance(target_tokens, bool) or not isinstance(target_tokens, int):
+                raise InvalidInputError(f"target_tokens must be an integer, got {target_tokens!r}")
+            if target_tokens < 0:
+                raise InvalidInputError(f"target_tokens must be >= 0, got {target_tokens}")
+        if threshold is not None:
+            if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
+                raise InvalidInputError(f"threshold must be a probability in [0, 1], got {threshold!r}")
+
+    @property
+    def compresses(self) -> bool:
+        """Whether any limit is set."""
+        return self.ratio is not None or self.target_tokens is not None or self.threshold is not None
+
+    def tokens(self, tokens_before: int) -> int | None:
+        """The token limit for a context of ``tokens_before`` target tokens (None: no token limit)."""
+        if self.ratio is not None:
+            return int(math.floor(self.ratio * tokens_before))
+        return self.target_tokens
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """``{"ratio": ..., "target_tokens": ..., "threshold": ...}``."""
+        return {"ratio": self.ratio, "target_tokens": self.target_tokens, "threshold": self.threshold}
 
 
 class Document(BaseModel):
@@ -40,16 +120,18 @@ def to_documents(documents: Sequence[DocumentLike]) -> list[Document]:
     Raises ``TypeError``/``ValueError`` naming the offending index for anything else.
     """
     if isinstance(documents, (str, bytes, Mapping)):
-        raise TypeError("documents must be a list of documents, not a single " + type(documents).__name__)
+        raise InvalidInputTypeError("documents must be a list of documents, not a single " + type(documents).__name__)
     out: list[Document] = []
     for i, doc in enumerate(documents):
         try:
             out.append(_to_document(doc))
         except ValidationError as exc:
             detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise ValueError(f"documents[{i}]: {detail}") from None
-        except (TypeError, ValueError) as exc:
-            raise type(exc)(f"documents[{i}]: {exc}") from None
+            raise InvalidInputError(f"documents[{i}]: {detail}") from None
+        except TypeError as exc:
+            raise InvalidInputTypeError(f"documents[{i}]: {exc}") from None
+        except ValueError as exc:
+            raise InvalidInputError(f"documents[{i}]: {exc}") from None
     return out
 
 
@@ -130,6 +212,8 @@ class OutputDocument(BaseModel):
 
 
 class Timings(BaseModel):
+    """Milliseconds spent in each stage of one optimization."""
+
     segment_ms: float = 0.0
     score_ms: float = 0.0
     select_ms: float = 0.0
@@ -153,7 +237,7 @@ class OptimizeResult(BaseModel):
         default=False,
         description="document scores are position-calibrated (document probe over calibrated attention)",
     )
-    ordering: str = "input"
+    ordering: OrderingName = "input"
     timings: Timings = Field(default_factory=Timings)
     warnings: list[str] = Field(default_factory=list)
 
