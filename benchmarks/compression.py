@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import data_dir
 
 from rag_opt.compressors.base import Scores
-from rag_opt.datasets import contains_answer, data_dir, iter_squad, read_hotpotqa
-from rag_opt.features import ContextUnits
 from rag_opt.pipeline import ContextOptimizer
+from rag_opt.text.units import UnitTable
+from rag_opt.training.datasets import contains_answer, iter_squad, read_hotpotqa
 from rag_opt.types import OptimizeResult
 
 logger = logging.getLogger("bench.compression")
@@ -48,8 +49,8 @@ class MemoScorer:
         self.cache: dict[Any, Scores] = {}
         self.last_ms = 0.0
 
-    def score(self, question: str, units: ContextUnits) -> Scores:
-        key = (question, tuple(tuple(d) for d in units.docs))
+    def score(self, question: str, units: UnitTable) -> Scores:
+        key = (question, units.texts)
         if key not in self.cache:
             t = time.perf_counter()
             self.cache[key] = self.inner.score(question, units)
@@ -133,12 +134,12 @@ def squad_metrics(ex: dict[str, Any], result: OptimizeResult) -> dict[str, float
     }
 
 
-def bare_forward_ms(proxy: Any, units: ContextUnits, question: str) -> float:
+def bare_forward_ms(proxy: Any, units: UnitTable, question: str) -> float:
     import torch
 
-    from rag_opt.attention import render_prompt
+    from rag_opt.models.prompt import render_prompt
 
-    ids = proxy.tokenizer(render_prompt(units.docs, question).text)["input_ids"]
+    ids = proxy.tokenizer(render_prompt(units.by_document(), question).text)["input_ids"]
     with torch.inference_mode():
         t = time.perf_counter()
         proxy.model.model(input_ids=torch.tensor([ids]), use_cache=False)
@@ -150,9 +151,9 @@ class ContextSpy:
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
-        self.last: tuple[str, ContextUnits] | None = None
+        self.last: tuple[str, UnitTable] | None = None
 
-    def score(self, question: str, units: ContextUnits) -> Scores:
+    def score(self, question: str, units: UnitTable) -> Scores:
         self.last = (question, units)
         return self.inner.score(question, units)
 

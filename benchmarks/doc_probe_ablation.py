@@ -19,15 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import data_dir
 
-from rag_opt.attention import VIEWS
-from rag_opt.calibration import ProfileStore
-from rag_opt.datasets import data_dir
-from rag_opt.features import FeatureLayout
-from rag_opt.lexical import bm25_scores
-from rag_opt.proxy import cache_dir, load_proxy
-from rag_opt.train import choose_l2
-from rag_opt.train_docs import (
+from rag_opt.compressors.features import FeatureLayout
+from rag_opt.compressors.lexical import bm25_scores
+from rag_opt.models.loader import load_proxy_model
+from rag_opt.models.prompt import VIEWS
+from rag_opt.orderers.profiles import ProfileStore
+from rag_opt.paths import cache_dir
+from rag_opt.training.doc_probe import (
     build_doc_training_set,
     cross_val_scores,
     grouped_recall,
@@ -35,6 +35,7 @@ from rag_opt.train_docs import (
     nq_records,
     random_positions,
 )
+from rag_opt.training.sentence_probe import choose_l2
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FEATURE_SETS = {
@@ -68,7 +69,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "doc_probe_ablation.json"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    proxy = load_proxy(None)
+    proxy = load_proxy_model(None)
     prof = ProfileStore(args.store).get(proxy.name, args.n_docs)
     if prof is None:
         sys.exit(f"no calibration profile for {args.n_docs} documents: run `rag-opt calibrate --n-docs {args.n_docs}`")

@@ -13,13 +13,13 @@ How it runs, with nothing in llmlingua patched:
 
 * Model: ``llmlingua.PromptCompressor(model_name=<folder>, device_map="cpu",
   model_config={"trust_remote_code": False})`` where ``<folder>`` is
-  ``rag_opt.proxy.converted_gguf_dir(rag_opt.proxy.resolve_source(None))`` — the same embedded SmolLM2-135M
-  weights rag-opt's probe reads, converted to a local transformers folder (float32, CPU). That conversion's
+  ``rag_opt.models.gguf.converted_gguf_dir(rag_opt.models.sources.resolve_source(None))`` — the same embedded
+  SmolLM2-135M weights rag-opt's probe reads, converted to a local transformers folder (float32, CPU). That conversion's
   config.json has no ``architectures`` field, which llmlingua's ``load_model`` iterates, so the compressor is
   loaded from a temporary view of the folder (symlinked weights/tokenizer, config.json copy with
   ``architectures: ["LlamaForCausalLM"]``); the cached folder is not modified.
 * tiktoken: ``PromptCompressor.__init__`` calls ``tiktoken.encoding_for_model("gpt-3.5-turbo")``, which would
-  download the BPE file; ``rag_opt.tokens.get_token_counter("cl100k_base")`` is called first, which writes the
+  download the BPE file; ``rag_opt.text.tokens.get_token_counter("cl100k_base")`` is called first, which writes the
   hash-verified file into tiktoken's cache, so the constructor finds it offline.
 * KV cache: llmlingua 0.2.2 expects transformers-4 tuple caches (``past_key_values[0][0].shape[2]``, slicing a
   list of ``(k, v)`` per layer; upstream issues #210/#215), while transformers 5 returns ``Cache`` objects and
@@ -73,8 +73,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+from common import data_dir
 
-from rag_opt.datasets import contains_answer, data_dir, read_hotpotqa
+from rag_opt.training.datasets import contains_answer, read_hotpotqa
 
 logger = logging.getLogger("bench.llmlingua")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -121,8 +122,9 @@ def _make_wrapper() -> type:
 
 
 def load_compressor(model: str | None = None) -> tuple[Any, Path]:
-    from rag_opt.proxy import converted_gguf_dir, resolve_source
-    from rag_opt.tokens import get_token_counter
+    from rag_opt.models.gguf import converted_gguf_dir
+    from rag_opt.models.sources import resolve_source
+    from rag_opt.text.tokens import get_token_counter
 
     folder = converted_gguf_dir(resolve_source(model))
     get_token_counter("cl100k_base")  # seeds tiktoken's cache: PromptCompressor asks for gpt-3.5-turbo's encoding
@@ -207,7 +209,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from tqdm.auto import tqdm
 
-    from rag_opt.tokens import get_token_counter
+    from rag_opt.text.tokens import get_token_counter
 
     if args.threads:
         torch.set_num_threads(args.threads)

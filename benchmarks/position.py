@@ -4,7 +4,7 @@ For N documents with the gold passage at each position of the lost-in-the-middle
   - raw attention: share of the final token's attention on each document, mean over layers and heads;
   - FITM-calibrated attention: the same minus the per-slot share measured with non-relevant documents;
   - rag-opt: the document relevance ``optimize()`` reports — the document probe over position-calibrated
-    per-head attention plus lexical features (``rag_opt.doc_relevance``);
+    per-head attention plus lexical features (``rag_opt.compressors.doc_relevance``);
   - best sentence: the sentence probe's best sentence per document (rag-opt's uncalibrated fallback);
   - BM25 over the rendered document ("title\\ntext");
   - retriever order (the input order);
@@ -27,17 +27,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import data_dir
 
-from rag_opt.attention import VIEWS, extract
-from rag_opt.calibration import PositionProfile, ProfileStore, estimate_profile, nq_calibration_contexts
 from rag_opt.compressors.base import doc_scores_from_units
-from rag_opt.datasets import data_dir, read_jsonl
-from rag_opt.doc_relevance import document_relevance
-from rag_opt.features import ContextUnits, build_features
-from rag_opt.lexical import bm25_scores
-from rag_opt.probe import Probe, shipped_probe
-from rag_opt.proxy import ProxyModel, cache_dir, load_proxy
-from rag_opt.train_docs import NQInstance, extract_nq, nq_cache, nq_records
+from rag_opt.compressors.doc_relevance import document_relevance
+from rag_opt.compressors.features import build_features
+from rag_opt.compressors.lexical import bm25_scores
+from rag_opt.compressors.probe import Probe, shipped_probe
+from rag_opt.models.extract import extract
+from rag_opt.models.loader import ProxyModel, load_proxy_model
+from rag_opt.models.prompt import VIEWS
+from rag_opt.orderers.profiles import PositionProfile, ProfileStore
+from rag_opt.paths import cache_dir
+from rag_opt.text.units import UnitTable
+from rag_opt.training.calibration import estimate_profile, nq_calibration_contexts
+from rag_opt.training.datasets import read_jsonl
+from rag_opt.training.doc_probe import NQInstance, extract_nq, nq_cache, nq_records
 
 logger = logging.getLogger("bench.position")
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -78,7 +83,7 @@ def nq_method_scores(
     for label, probe in compare.items():
         out[label] = document_relevance(probe, attn, q, units, prof)
     if sentence_probe is not None:
-        cu = ContextUnits(docs=units, candidate=[[False] + [True] * (len(u) - 1) for u in units])
+        cu = UnitTable.titled(units)
         unit = sentence_probe.predict_proba(build_features(sentence_probe.layout, attn, q, cu))
         out["best sentence (sentence probe)"] = doc_scores_from_units(np.asarray(unit, dtype=np.float64), cu)
     out["BM25"] = bm25_scores(q, ["".join(u) for u in units])
@@ -132,8 +137,8 @@ def run_kv(proxy: ProxyModel, n_keys: int, questions: int, positions: list[int],
 
     The positional profile is measured on the same kind of context with a query key that is *not* in the list
     (every slot non-relevant), on records other than the measured ones. Features are cached like NQ's."""
-    from rag_opt.feature_cache import fill_cache
-    from rag_opt.train import feature_cache_for
+    from rag_opt.training.feature_cache import fill_cache
+    from rag_opt.training.sentence_probe import feature_cache_for
 
     path = data_dir() / "lost_in_the_middle" / "kv_retrieval_data" / f"kv-retrieval-{n_keys}_keys.jsonl.gz"
     recs = list(read_jsonl(path))[: 2 * questions]
@@ -212,7 +217,7 @@ def main() -> None:
     if not nq.is_file():
         sys.exit(f"NQ multi-document data not found at {nq} (set RAG_OPT_DATA_DIR or check ../shared/data)")
 
-    proxy = load_proxy(args.model)
+    proxy = load_proxy_model(args.model)
     doc_probe = Probe.load(args.doc_probe) if args.doc_probe else shipped_probe(proxy.name, "document")
     if doc_probe is None:
         sys.exit(f"no document probe for {proxy.name}: train one with `rag-opt train-doc-probe` and pass --doc-probe")

@@ -3,7 +3,8 @@
 Runs on the feature cache only (no forward pass): first fill it, e.g.
 
     rag-opt train-probe --out /tmp/probe.json --limit 1000      # caches train features
-    python -c "from rag_opt.train import extract_hotpot as e; e('../shared/data/hotpotqa/dev.jsonl.gz', C, limit=300)"
+    python -c "from rag_opt.training.sentence_probe import extract_hotpot as e; \
+        e('../shared/data/hotpotqa/dev.jsonl.gz', C, limit=300)"
 
 then  python benchmarks/probe_ablation.py --cache CACHE [--train-limit N] [--ratio 0.333]
 
@@ -20,13 +21,15 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import data_dir
 
+from rag_opt.compressors.features import ALL_BLOCKS, DEFAULT_BLOCKS, FeatureLayout, build_features
+from rag_opt.compressors.lexical import bm25_scores
 from rag_opt.compressors.selection import Candidate, SelectionOptions, select
-from rag_opt.datasets import contains_answer, data_dir, read_hotpotqa
-from rag_opt.features import ALL_BLOCKS, DEFAULT_BLOCKS, ContextUnits, FeatureLayout, build_features
-from rag_opt.lexical import bm25_scores
-from rag_opt.tokens import get_token_counter
-from rag_opt.train import build_training_set, choose_l2, feature_cache_for, fit_probe, hotpot_units
+from rag_opt.text.tokens import get_token_counter
+from rag_opt.text.units import UnitTable
+from rag_opt.training.datasets import contains_answer, read_hotpotqa
+from rag_opt.training.sentence_probe import build_training_set, choose_l2, feature_cache_for, fit_probe, hotpot_units
 
 logger = logging.getLogger("probe_ablation")
 
@@ -39,7 +42,7 @@ def evaluate(examples, feats, scorer, ratio: float) -> dict[str, float]:
         if attn is None:
             continue
         docs = hotpot_units(ex)
-        units = ContextUnits(docs=docs, candidate=[[False] + [True] * (len(d) - 1) for d in docs])
+        units = UnitTable.titled(docs)
         scores = scorer(ex, attn, units)
         cands, where = [], []
         k = 0
@@ -103,8 +106,8 @@ def main() -> None:
     results = {}
 
     def bm25(ex, attn, units):
-        flat = [u for d in units.docs for u in d]
-        heads = [d[0].strip() + ". " for d in units.docs for _ in d]
+        flat = list(units.texts)
+        heads = [d[0].strip() + ". " for d in units.by_document() for _ in d]
         return bm25_scores(ex.question, [h + u for h, u in zip(heads, flat, strict=True)])
 
     def raw(ex, attn, units):

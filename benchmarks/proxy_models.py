@@ -2,7 +2,7 @@
 
 Quality: a probe per model trained on the same HotpotQA-train questions and measured on the same dev questions
 (from each model's feature cache, see benchmarks/probe_ablation.py). Latency: median time of the attention
-forward pass (`rag_opt.attention.extract`) on the same dev prompts, both models measured in this run.
+forward pass (`rag_opt.models.extract.extract`) on the same dev prompts, both models measured in this run.
 
     python benchmarks/proxy_models.py --cache CACHE --train-limit 150 --dev-limit 100 --latency 10
 """
@@ -15,11 +15,13 @@ import statistics
 import time
 from pathlib import Path
 
-from rag_opt.attention import extract
-from rag_opt.datasets import data_dir, read_hotpotqa
-from rag_opt.features import DEFAULT_BLOCKS, FeatureLayout, build_features
-from rag_opt.proxy import load_proxy
-from rag_opt.train import build_training_set, choose_l2, feature_cache_for, fit_probe, hotpot_units
+from common import data_dir
+
+from rag_opt.compressors.features import DEFAULT_BLOCKS, FeatureLayout, build_features
+from rag_opt.models.extract import extract
+from rag_opt.models.loader import load_proxy_model
+from rag_opt.training.datasets import read_hotpotqa
+from rag_opt.training.sentence_probe import build_training_set, choose_l2, feature_cache_for, fit_probe, hotpot_units
 
 MODELS = ("embedded:smollm2-135m", "embedded:qwen2.5-coder-0.5b")
 
@@ -57,7 +59,7 @@ def main() -> None:
             return probe.predict_proba(build_features(layout, attn, ex.question, units))
 
         r = evaluate(dev, df, score, args.ratio)
-        proxy = load_proxy(m)
+        proxy = load_proxy_model(m)
         times = []
         for ex in dev[: args.latency]:
             t = time.perf_counter()

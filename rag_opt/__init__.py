@@ -7,42 +7,80 @@ transformers) are imported only when a model is first needed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rag_opt._lazy import lazy_module
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ORDERING_NAMES",
+    "Budget",
+    "ConfigurationError",
     "ContextOptimizer",
+    "DataNotFoundError",
     "Document",
+    "InvalidInputError",
+    "InvalidInputTypeError",
     "ModelNotFoundError",
     "OptimizeResult",
+    "Orderer",
+    "OrderingName",
     "OutputDocument",
+    "ProbeMismatchError",
+    "ProfileMismatchError",
+    "RagOptError",
+    "Scorer",
+    "Timings",
+    "Unit",
     "optimize",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.compressors.base import Scorer
+    from rag_opt.errors import (
+        ConfigurationError,
+        DataNotFoundError,
+        InvalidInputError,
+        InvalidInputTypeError,
+        ModelNotFoundError,
+        ProbeMismatchError,
+        ProfileMismatchError,
+        RagOptError,
+    )
+    from rag_opt.orderers.base import Orderer
     from rag_opt.pipeline import ContextOptimizer, optimize
-    from rag_opt.proxy import ModelNotFoundError
-    from rag_opt.types import Document, OptimizeResult, OutputDocument
+    from rag_opt.types import (
+        ORDERING_NAMES,
+        Budget,
+        Document,
+        OptimizeResult,
+        OrderingName,
+        OutputDocument,
+        Timings,
+        Unit,
+    )
 
-_LAZY = {
-    "ContextOptimizer": "rag_opt.pipeline",
-    "optimize": "rag_opt.pipeline",
-    "ModelNotFoundError": "rag_opt.proxy",
-    "Document": "rag_opt.types",
-    "OptimizeResult": "rag_opt.types",
-    "OutputDocument": "rag_opt.types",
-}
+_ERRORS = (
+    "ConfigurationError",
+    "DataNotFoundError",
+    "InvalidInputError",
+    "InvalidInputTypeError",
+    "ModelNotFoundError",
+    "ProbeMismatchError",
+    "ProfileMismatchError",
+    "RagOptError",
+)
+_TYPES = ("ORDERING_NAMES", "Budget", "Document", "OptimizeResult", "OrderingName", "OutputDocument", "Timings", "Unit")
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rag_opt' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_module(
+    __name__,
+    {
+        "ContextOptimizer": "rag_opt.pipeline",
+        "optimize": "rag_opt.pipeline",
+        "Scorer": "rag_opt.compressors.base",
+        "Orderer": "rag_opt.orderers.base",
+        **{name: "rag_opt.errors" for name in _ERRORS},
+        **{name: "rag_opt.types" for name in _TYPES},
+    },
+)

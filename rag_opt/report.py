@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rag_opt.errors import InvalidInputError
 from rag_opt.types import Document, DocumentLike, OptimizeResult, OutputDocument, Unit, to_documents
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -151,13 +152,13 @@ def _name(doc: OutputDocument) -> str:
 def _check(result: OptimizeResult, originals: list[Document]) -> None:
     n = len(result.documents) + len(result.dropped)
     if len(originals) != n:
-        raise ValueError(f"the result covers {n} input documents but {len(originals)} documents were given")
+        raise InvalidInputError(f"the result covers {n} input documents but {len(originals)} documents were given")
     for doc in [*result.documents, *result.dropped]:
         if not 0 <= doc.index < n:
-            raise ValueError(f"result document {doc.id!r} has index {doc.index} outside 0..{n - 1}")
+            raise InvalidInputError(f"result document {doc.id!r} has index {doc.index} outside 0..{n - 1}")
         text = originals[doc.index].text
         if any(u.end > len(text) or u.start < 0 or u.start > u.end for u in doc.units):
-            raise ValueError(
+            raise InvalidInputError(
                 f"document {doc.index} ({doc.id!r}) does not match the result: its units point outside its "
                 f"{len(text)} characters (pass the same documents that were optimized)"
             )

@@ -56,7 +56,9 @@ class Budget:
     def __post_init__(self) -> None:
         ratio, target_tokens, threshold = self.ratio, self.target_tokens, self.threshold
         given = [
-            n for n, v in (("ratio", ratio), ("target_tokens", target_tokens), ("threshold", threshold)) if v is not None
+            n
+            for n, v in (("ratio", ratio), ("target_tokens", target_tokens), ("threshold", threshold))
+            if v is not None
         ]
         if len(given) > 1:
             raise InvalidInputError(

@@ -7,9 +7,9 @@ import json
 import pytest
 
 import rag_opt
-from rag_opt.pipeline import join_spans
-from rag_opt.tokens import get_token_counter
-from tests.conftest import hotpot_dev, hotpot_docs
+from rag_opt.text.tokens import get_token_counter
+from rag_opt.text.units import join_spans
+from tests.helpers import hotpot_dev, hotpot_docs
 
 
 def test_public_api_is_lazy():

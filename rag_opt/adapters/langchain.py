@@ -28,8 +28,10 @@ from langchain_core.runnables import RunnableConfig, RunnableSerializable, run_i
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from typing_extensions import Self, TypedDict
 
-from rag_opt.pipeline import ORDERINGS, ContextOptimizer, check_budget_args
-from rag_opt.types import Document, OptimizeResult, OutputDocument, to_documents
+from rag_opt.adapters.metadata import METADATA_KEY, document_info
+from rag_opt.errors import InvalidInputError, InvalidInputTypeError
+from rag_opt.pipeline import ContextOptimizer
+from rag_opt.types import Budget, Document, OptimizeResult, check_ordering, to_documents
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +43,6 @@ __all__ = [
     "format_documents",
     "to_langchain_documents",
 ]
-
-METADATA_KEY = "rag_opt"
-"""The metadata key under which rag-opt's per-document information is stored."""
 
 _QUESTION_KEYS = ("question", "query")
 
@@ -59,14 +58,14 @@ class RagOptInput(TypedDict):
 def _to_rag_documents(documents: Sequence[Any], score_key: str | None) -> list[Document]:
     """LangChain ``Document`` s (or anything :func:`rag_opt.types.to_documents` accepts) to ours."""
     if isinstance(documents, (str, bytes, Mapping)) or not isinstance(documents, Sequence):
-        raise TypeError(f"documents must be a list of documents, got {type(documents).__name__}")
+        raise InvalidInputTypeError(f"documents must be a list of documents, got {type(documents).__name__}")
     out: list[Document] = []
     for i, doc in enumerate(documents):
         if isinstance(doc, LCDocument):
             metadata = dict(doc.metadata or {})
             score = metadata.get(score_key) if score_key else None
             if score is not None and (isinstance(score, bool) or not isinstance(score, (int, float))):
-                raise TypeError(f"documents[{i}]: metadata[{score_key!r}] must be a number, got {score!r}")
+                raise InvalidInputTypeError(f"documents[{i}]: metadata[{score_key!r}] must be a number, got {score!r}")
             out.append(
                 Document(
                     text=doc.page_content,
@@ -84,35 +83,6 @@ def _to_rag_documents(documents: Sequence[Any], score_key: str | None) -> list[D
     return out
 
 
-def _unit_info(out: OutputDocument) -> list[dict[str, Any]]:
-    return [
-        {"start": u.start, "end": u.end, "kind": u.kind, "tokens": u.tokens, "score": u.score, "kept": u.kept}
-        for u in out.units
-    ]
-
-
-def document_info(out: OutputDocument, rank: int | None, result: OptimizeResult) -> dict[str, Any]:
-    """rag-opt's information about one result document, JSON-serialisable (what goes under ``"rag_opt"``).
-
-    ``index``: input position; ``rank``: output position (None when dropped); ``score``: document relevance
-    (calibrated when ``calibrated``), ``raw_score``: before calibration; ``kept_spans``: ``[start, end]``
-    character offsets of the kept text in the *original* text; ``units``: every sentence/unit with its
-    offsets, score and whether it was kept; token counts in the target LLM's tokenizer.
-    """
-    return {
-        "index": out.index,
-        "rank": rank,
-        "score": out.score,
-        "raw_score": out.raw_score,
-        "calibrated": result.calibrated,
-        "scorer": result.scorer,
-        "kept_spans": [[s, e] for s, e in out.kept_spans],
-        "units": _unit_info(out),
-        "tokens_before": out.tokens_before,
-        "tokens_after": out.tokens_after,
-    }
-
-
 def to_langchain_documents(
     result: OptimizeResult,
     documents: Sequence[Any] | None = None,
@@ -127,7 +97,7 @@ def to_langchain_documents(
     """
     n_in = len(result.documents) + len(result.dropped)
     if documents is not None and len(documents) != n_in:
-        raise ValueError(f"the result covers {n_in} input documents but {len(documents)} were given")
+        raise InvalidInputError(f"the result covers {n_in} input documents but {len(documents)} were given")
     out: list[LCDocument] = []
     for rank, doc in enumerate(result.documents):
         original = documents[doc.index] if documents is not None else None
@@ -167,11 +137,11 @@ def format_documents(
     ``optimizer | format_documents``.
     """
     if isinstance(documents, (str, bytes, Mapping)) or not isinstance(documents, Sequence):
-        raise TypeError(f"format_documents expects a list of Documents, got {type(documents).__name__}")
+        raise InvalidInputTypeError(f"format_documents expects a list of Documents, got {type(documents).__name__}")
     parts: list[str] = []
     for i, doc in enumerate(documents):
         if not isinstance(doc, LCDocument):
-            raise TypeError(f"documents[{i}]: expected a LangChain Document, got {type(doc).__name__}")
+            raise InvalidInputTypeError(f"documents[{i}]: expected a LangChain Document, got {type(doc).__name__}")
         title = doc.metadata.get("title") if with_titles else None
         head = f"{title}\n" if isinstance(title, str) and title.strip() else ""
         parts.append(head + doc.page_content)
@@ -180,9 +150,9 @@ def format_documents(
 
 # -- shared settings ------------------------------------------------------------------------------------------
 def _check_settings(ratio: Any, target_tokens: Any, threshold: Any, ordering: str | None) -> None:
-    check_budget_args(ratio, target_tokens, threshold)
-    if ordering is not None and ordering not in ORDERINGS:
-        raise ValueError(f"unknown ordering {ordering!r}; use one of {', '.join(ORDERINGS)}")
+    Budget(ratio=ratio, target_tokens=target_tokens, threshold=threshold)
+    if ordering is not None:
+        check_ordering(ordering)
 
 
 def _run_optimize(
@@ -198,7 +168,7 @@ def _run_optimize(
     score_key: str | None,
 ) -> list[LCDocument]:
     if not isinstance(query, str):
-        raise TypeError(f"the question must be a string, got {type(query).__name__}")
+        raise InvalidInputTypeError(f"the question must be a string, got {type(query).__name__}")
     docs = _to_rag_documents(documents, score_key)
     if not docs:
         return []
@@ -313,7 +283,7 @@ class RagOptRunnable(_RagOptSettings, RunnableSerializable[RagOptInput | list[LC
     def _split_input(self, input: Any, config: RunnableConfig) -> tuple[Any, Any]:
         if isinstance(input, Mapping):
             if "documents" not in input:
-                raise ValueError(
+                raise InvalidInputError(
                     f"RagOptRunnable input is missing 'documents' (got keys {sorted(map(str, input))}); "
                     "expected {'question': ..., 'documents': [...]}"
                 )
@@ -321,19 +291,19 @@ class RagOptRunnable(_RagOptSettings, RunnableSerializable[RagOptInput | list[LC
             if question is None:
                 question = _config_question(config)
             if question is None:
-                raise ValueError(
+                raise InvalidInputError(
                     f"RagOptRunnable input is missing 'question' (got keys {sorted(map(str, input))}); "
                     "expected {'question': ..., 'documents': [...]}"
                 )
             return question, input["documents"]
         if isinstance(input, (str, bytes)) or not isinstance(input, Sequence):
-            raise TypeError(
+            raise InvalidInputTypeError(
                 "RagOptRunnable expects {'question': ..., 'documents': [...]} or a list of documents, got "
                 f"{type(input).__name__}"
             )
         question = _config_question(config)
         if question is None:
-            raise ValueError(
+            raise InvalidInputError(
                 "RagOptRunnable got a list of documents but no question: pass {'question': ..., 'documents': "
                 "[...]} or config={'configurable': {'question': ...}}"
             )

@@ -25,15 +25,14 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("rag_opt.adapters.llamaindex needs llama-index-core: pip install 'rag-opt[llamaindex]'") from exc
 
-from rag_opt.adapters.langchain import document_info
-from rag_opt.pipeline import ORDERINGS, ContextOptimizer, check_budget_args
-from rag_opt.types import Document
+from rag_opt.adapters.metadata import METADATA_KEY, document_info
+from rag_opt.errors import InvalidInputError, InvalidInputTypeError
+from rag_opt.pipeline import ContextOptimizer
+from rag_opt.types import Budget, Document, check_ordering
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["METADATA_KEY", "RagOptNodePostprocessor"]
-
-METADATA_KEY = "rag_opt"
 
 
 class RagOptNodePostprocessor(BaseNodePostprocessor):
@@ -57,9 +56,9 @@ class RagOptNodePostprocessor(BaseNodePostprocessor):
 
     @model_validator(mode="after")
     def _validate(self) -> RagOptNodePostprocessor:
-        check_budget_args(self.ratio, self.target_tokens, self.threshold)
-        if self.ordering is not None and self.ordering not in ORDERINGS:
-            raise ValueError(f"unknown ordering {self.ordering!r}; use one of {', '.join(ORDERINGS)}")
+        Budget(ratio=self.ratio, target_tokens=self.target_tokens, threshold=self.threshold)
+        if self.ordering is not None:
+            check_ordering(self.ordering)
         return self
 
     @classmethod
@@ -72,12 +71,12 @@ class RagOptNodePostprocessor(BaseNodePostprocessor):
         query_bundle: QueryBundle | None = None,
     ) -> list[NodeWithScore]:
         if query_bundle is None or not isinstance(query_bundle.query_str, str):
-            raise ValueError("RagOptNodePostprocessor needs the query: pass query_bundle or query_str")
+            raise InvalidInputError("RagOptNodePostprocessor needs the query: pass query_bundle or query_str")
         textual: list[int] = []
         docs: list[Document] = []
         for i, nws in enumerate(nodes):
             if not isinstance(nws, NodeWithScore):
-                raise TypeError(f"nodes[{i}]: expected a NodeWithScore, got {type(nws).__name__}")
+                raise InvalidInputTypeError(f"nodes[{i}]: expected a NodeWithScore, got {type(nws).__name__}")
             text = nws.node.get_content(metadata_mode=MetadataMode.NONE)
             if not text.strip():
                 continue

@@ -1,20 +1,22 @@
-"""What every scorer returns, and the protocol the pipeline relies on."""
+"""The *score* stage's contract: what every scorer takes (a :class:`~rag_opt.text.units.UnitTable`) and returns."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rag_opt.attention import AttentionFeatures
-    from rag_opt.features import ContextUnits
+    from rag_opt.models.extract import AttentionFeatures
+    from rag_opt.text.units import UnitTable
+
+__all__ = ["Scorer", "Scores"]
 
 
 @dataclass
 class Scores:
-    """Relevance for the units of one context (all units, in prompt order) and for its documents."""
+    """Relevance for the units of one context (one value per unit-table row) and for its documents."""
 
     unit: np.ndarray  # (n_units,)
     doc: np.ndarray  # (n_docs,)
@@ -26,20 +28,8 @@ class Scores:
     calibration_note: str | None = None  # why ``doc`` is not calibrated, when it could have been
 
 
+@runtime_checkable
 class Scorer(Protocol):
     """Anything that scores the units of a context for a question."""
 
-    def score(self, question: str, units: ContextUnits) -> Scores: ...
-
-
-def doc_scores_from_units(unit: np.ndarray, units: ContextUnits) -> np.ndarray:
-    """A document's relevance: the best score among its candidate units (0 when it has none)."""
-    doc = np.full(len(units.docs), -np.inf)
-    k = 0
-    for d, cands in enumerate(units.candidate):
-        for c in cands:
-            if c:
-                doc[d] = max(doc[d], unit[k])
-            k += 1
-    doc[~np.isfinite(doc)] = 0.0
-    return doc
+    def score(self, question: str, units: UnitTable) -> Scores: ...

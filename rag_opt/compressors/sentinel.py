@@ -8,7 +8,7 @@ of the question tokens' attention to the unit, relative to uniform — and says 
 Document relevance comes from the same forward pass: when a document probe is available for the proxy (one is
 shipped for the embedded default) and a calibration profile exists for the number of documents (shipped for
 the embedded default at 10, 20 and 30 documents; ``rag-opt calibrate`` builds others), it is the document
-probe's probability over position-calibrated per-head attention (:mod:`rag_opt.doc_relevance`) and
+probe's probability over position-calibrated per-head attention (:mod:`rag_opt.compressors.doc_relevance`) and
 ``Scores.calibrated`` is true. Otherwise it is the best unit score of the document.
 """
 
@@ -19,15 +19,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rag_opt.attention import extract
-from rag_opt.calibration import PositionProfile, ProfileStore
-from rag_opt.compressors.base import Scores, doc_scores_from_units
-from rag_opt.doc_relevance import document_relevance
-from rag_opt.features import ContextUnits, build_features
-from rag_opt.probe import Probe, ProbeMismatchError, shipped_probe
+from rag_opt.compressors.base import Scores
+from rag_opt.compressors.doc_relevance import document_relevance
+from rag_opt.compressors.features import build_features
+from rag_opt.compressors.probe import Probe, shipped_probe
+from rag_opt.errors import ProbeMismatchError
+from rag_opt.models.extract import extract
+from rag_opt.orderers.profiles import PositionProfile, ProfileStore
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rag_opt.proxy import ProxyModel
+    from rag_opt.models.loader import ProxyModel
+    from rag_opt.text.units import UnitTable
+
+__all__ = ["SentinelCompressor"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +40,8 @@ class SentinelCompressor:
     """Scores the units of a context with the proxy model's attention and (when available) a probe.
 
     The default scorer of :class:`rag_opt.ContextOptimizer`; selection under the budget is shared by all
-    scorers (:mod:`rag_opt.compressors.selection`). Build it from a loaded proxy (:func:`rag_opt.proxy.load_proxy`)
-    or with :meth:`from_model`.
+    scorers (:mod:`rag_opt.compressors.selection`). Build it from a loaded proxy
+    (:func:`rag_opt.models.load_proxy_model`) or with :meth:`from_model`.
 
     Args:
         proxy: the loaded proxy model.
@@ -89,9 +93,9 @@ class SentinelCompressor:
         doc_probe: Probe | None | str = "auto",
         profiles: ProfileStore | None | str = "auto",
     ) -> SentinelCompressor:
-        from rag_opt.proxy import load_proxy
+        from rag_opt.models.loader import load_proxy_model
 
-        proxy = load_proxy(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+        proxy = load_proxy_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
         return cls(proxy, probe, max_tokens=max_tokens, doc_probe=doc_probe, profiles=profiles)
 
     @property
@@ -102,18 +106,19 @@ class SentinelCompressor:
     def model_name(self) -> str:
         return self.proxy.name
 
-    def score(self, question: str, units: ContextUnits) -> Scores:
-        attn = extract(self.proxy, units.docs, question, max_tokens=self.max_tokens)
+    def score(self, question: str, units: UnitTable) -> Scores:
+        docs = units.by_document()
+        attn = extract(self.proxy, docs, question, max_tokens=self.max_tokens)
         if self.probe is not None:
             feats = build_features(self.probe.layout, attn, question, units)
             unit_scores = self.probe.predict_proba(feats)
         else:
             unit_scores = attn.unit[:, 1].mean(axis=(1, 2)).astype(np.float64)
         unit = np.asarray(unit_scores, dtype=np.float64)
-        doc_raw = doc_scores_from_units(unit, units)
+        doc_raw = units.doc_best(unit)
         doc, calibrated, note = doc_raw, False, None
         if self.doc_probe is not None and self.profiles is not None:
-            n_docs = len(units.docs)
+            n_docs = units.n_docs
             profile = self.profile(n_docs)
             if attn.windows > 1:
                 note = (
@@ -126,7 +131,7 @@ class SentinelCompressor:
                     f"of proxy model {self.proxy.name} (build one with `rag-opt calibrate --n-docs {n_docs}`)"
                 )
             else:
-                doc = document_relevance(self.doc_probe, attn, question, units.docs, profile)
+                doc = document_relevance(self.doc_probe, attn, question, docs, profile)
                 calibrated = True
         return Scores(
             unit=unit,

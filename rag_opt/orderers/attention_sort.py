@@ -13,27 +13,36 @@ model on NQ training questions (shipped with the embedded model's document probe
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from rag_opt.attention import VIEWS, extract
+from rag_opt.errors import InvalidInputError
+from rag_opt.models.extract import extract
+from rag_opt.models.prompt import VIEWS
+from rag_opt.orderers.base import OrdererResources, Ordering, OrderItem, register_orderer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rag_opt.proxy import ProxyModel
+    from rag_opt.models.loader import ProxyModel
+
+__all__ = ["AttentionSort"]
 
 
+@register_orderer
 class AttentionSort:
     """Attention sorting over ``rounds`` forward passes of a white-box model.
 
     Args:
-        proxy: the loaded model (:func:`rag_opt.proxy.load_proxy`; any Hugging Face causal LM works).
+        proxy: the loaded model (:func:`rag_opt.models.loader.load_proxy_model`; any Hugging Face causal LM works).
         rounds: sorting rounds (default 2).
         view: ``"last"`` (the final token's attention, as in the paper) or ``"question"``.
         layers / heads: which layers and heads to average (default all).
         head_pairs: explicit ``(layer, head)`` pairs to average instead of ``layers`` × ``heads``.
         max_tokens: the whole context must fit one forward pass of at most this many tokens.
     """
+
+    name: ClassVar[str] = "attention_sort"
+    reorders: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -47,18 +56,18 @@ class AttentionSort:
         max_tokens: int = 8192,
     ) -> None:
         if rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {rounds}")
+            raise InvalidInputError(f"rounds must be >= 1, got {rounds}")
         if view not in VIEWS:
-            raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
+            raise InvalidInputError(f"view must be one of {VIEWS}, got {view!r}")
         for name, sel, n in (("layers", layers, proxy.num_layers), ("heads", heads, proxy.num_heads)):
             if sel is not None and (not sel or any(not 0 <= i < n for i in sel)):
-                raise ValueError(f"{name} must be a non-empty list of indices in [0, {n})")
+                raise InvalidInputError(f"{name} must be a non-empty list of indices in [0, {n})")
         if head_pairs is not None:
             if layers is not None or heads is not None:
-                raise ValueError("give head_pairs or layers/heads, not both")
+                raise InvalidInputError("give head_pairs or layers/heads, not both")
             pairs = [(int(a), int(b)) for a, b in head_pairs]
             if not pairs or any(not (0 <= a < proxy.num_layers and 0 <= b < proxy.num_heads) for a, b in pairs):
-                raise ValueError(
+                raise InvalidInputError(
                     f"head_pairs must be a non-empty list of (layer, head) with layer < {proxy.num_layers} "
                     f"and head < {proxy.num_heads}"
                 )
@@ -75,7 +84,7 @@ class AttentionSort:
     def tuned(cls, proxy: ProxyModel, *, rounds: int = 2, max_tokens: int = 8192) -> AttentionSort:
         """Attention sorting over the model's retrieval heads when they are known (selected on NQ training
         questions and shipped with the model's document probe), else the paper's all-heads average."""
-        from rag_opt.probe import shipped_probe
+        from rag_opt.compressors.probe import shipped_probe
 
         probe = shipped_probe(proxy.name, "document")
         cfg = (probe.metadata.get("attention_sort") if probe is not None else None) or {}
@@ -84,11 +93,15 @@ class AttentionSort:
         pairs = [(int(a), int(b)) for a, b in cfg["head_pairs"]]
         return cls(proxy, rounds=rounds, view=str(cfg["view"]), head_pairs=pairs, max_tokens=max_tokens)
 
+    @classmethod
+    def from_resources(cls, resources: OrdererResources) -> AttentionSort:
+        return cls.tuned(resources.proxy(), max_tokens=resources.max_tokens)
+
     def scores(self, question: str, documents: Sequence[str]) -> np.ndarray:
         """Attention mass on each document (in the given order), mean over the chosen layers and heads."""
         feats = extract(self.proxy, [[d] for d in documents], question, max_tokens=self.max_tokens)
         if feats.windows > 1:
-            raise ValueError(f"the documents do not fit one forward pass of {self.max_tokens} tokens")
+            raise InvalidInputError(f"the documents do not fit one forward pass of {self.max_tokens} tokens")
         mass = feats.doc_mass[:, VIEWS.index(self.view)]  # (n_docs, L, H)
         if self.head_pairs is not None:
             picked = np.stack([mass[:, a, b] for a, b in self.head_pairs], axis=1)
@@ -99,7 +112,11 @@ class AttentionSort:
             mass = mass[:, :, self.heads]
         return np.asarray(mass.mean(axis=(1, 2)), dtype=np.float64)
 
-    def order(self, question: str, documents: Sequence[str]) -> list[int]:
+    def order(self, query: str, documents: Sequence[OrderItem]) -> Ordering:
+        """The :class:`Ordering` after ``rounds`` rounds over the documents' texts."""
+        return Ordering(self.permutation(query, [d.text for d in documents]))
+
+    def permutation(self, question: str, documents: Sequence[str]) -> list[int]:
         """The permutation after ``rounds`` rounds: slot i holds input document ``perm[i]``."""
         perm = list(range(len(documents)))
         self.history = [perm[:]]

@@ -1,6 +1,6 @@
 """Calibrated placement (AttnRank-style): put the most relevant documents into the slots the model attends to most.
 
-The model's positional attention profile (:class:`rag_opt.calibration.PositionProfile`, measured with
+The model's positional attention profile (:class:`rag_opt.orderers.profiles.PositionProfile`, measured with
 non-relevant documents in every slot) ranks the slots; the document of relevance rank r goes into the slot
 with the r-th highest attention.
 """
@@ -8,11 +8,16 @@ with the r-th highest attention.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 
-from rag_opt.calibration import PositionProfile, ProfileStore
-from rag_opt.orderers.lost_in_the_middle import _checked_scores
+from rag_opt.errors import InvalidInputError
+from rag_opt.orderers.base import OrdererResources, Ordering, OrderItem, register_orderer
+from rag_opt.orderers.lost_in_the_middle import checked_scores, end_placement
+from rag_opt.orderers.profiles import ProfileStore
+
+__all__ = ["CalibratedPlacement", "placement", "resample_slots", "slot_attention_for"]
 
 
 def placement(relevance: Sequence[float], slot_attention: Sequence[float]) -> list[int]:
@@ -21,10 +26,10 @@ def placement(relevance: Sequence[float], slot_attention: Sequence[float]) -> li
     Ties: among equally relevant documents the earlier input ranks first; among equally attended slots the
     later slot ranks first (closer to the question).
     """
-    rel = _checked_scores(relevance)
-    att = _checked_scores(slot_attention)
+    rel = checked_scores(relevance)
+    att = checked_scores(slot_attention)
     if len(rel) != len(att):
-        raise ValueError(f"{len(rel)} documents but a profile of {len(att)} slots")
+        raise InvalidInputError(f"{len(rel)} documents but a profile of {len(att)} slots")
     doc_rank = sorted(range(len(rel)), key=lambda i: (-rel[i], i))
     slot_rank = sorted(range(len(att)), key=lambda k: (-att[k], -k))
     perm = [0] * len(rel)
@@ -33,20 +38,34 @@ def placement(relevance: Sequence[float], slot_attention: Sequence[float]) -> li
     return perm
 
 
+@register_orderer
 class CalibratedPlacement:
-    """Place documents by relevance into slots ranked by the profile's attention."""
+    """Place documents by relevance into slots ranked by the proxy's positional attention profile.
 
-    def __init__(self, profile: PositionProfile, *, view: str = "last") -> None:
-        self.profile = profile
-        self.slot_attention = profile.slot_attention(view)
+    The profile for exactly the number of documents is used when one exists, else the nearest calibrated size
+    resampled (with a warning), else end placement (with a warning). ``profiles`` is the store to read and
+    ``model`` the proxy model's name (profiles are per model).
+    """
 
-    def order(self, relevance: Sequence[float]) -> list[int]:
-        if len(relevance) != self.profile.n_docs:
-            raise ValueError(
-                f"calibrated placement needs a profile for {len(relevance)} documents; "
-                f"this one is for {self.profile.n_docs} (run `rag-opt calibrate --n-docs {len(relevance)}`)"
-            )
-        return placement(relevance, np.asarray(self.slot_attention).tolist())
+    name: ClassVar[str] = "calibrated"
+    reorders: ClassVar[bool] = True
+
+    def __init__(self, profiles: ProfileStore | None, model: str, *, view: str = "last") -> None:
+        self.profiles = profiles
+        self.model = model
+        self.view = view
+
+    @classmethod
+    def from_resources(cls, resources: OrdererResources) -> CalibratedPlacement:
+        return cls(resources.profiles(), resources.proxy().name)
+
+    def order(self, query: str, documents: Sequence[OrderItem]) -> Ordering:
+        relevance = [d.relevance for d in documents]
+        curve, note = slot_attention_for(self.profiles, self.model, len(documents), view=self.view)
+        warnings = [note] if note else []
+        if curve is None:
+            return Ordering(end_placement(relevance), warnings)
+        return Ordering(placement(relevance, curve.tolist()), warnings)
 
 
 def resample_slots(curve: Sequence[float] | np.ndarray, n_slots: int) -> np.ndarray:
@@ -54,7 +73,7 @@ def resample_slots(curve: Sequence[float] | np.ndarray, n_slots: int) -> np.ndar
     relative position (slot centres), for placing a number of documents nobody calibrated for."""
     c = np.asarray(curve, dtype=np.float64)
     if n_slots < 1:
-        raise ValueError(f"n_slots must be >= 1, got {n_slots}")
+        raise InvalidInputError(f"n_slots must be >= 1, got {n_slots}")
     src = (np.arange(len(c)) + 0.5) / len(c)
     dst = (np.arange(n_slots) + 0.5) / n_slots
     return np.asarray(np.interp(dst, src, c), dtype=np.float64)

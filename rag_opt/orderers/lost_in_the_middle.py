@@ -11,32 +11,35 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Sequence
-from typing import Literal
+from typing import ClassVar, Literal
 
-__all__ = ["LostInTheMiddle", "end_placement", "rank_scores"]
+from rag_opt.errors import InvalidInputError, InvalidInputTypeError
+from rag_opt.orderers.base import OrdererResources, Ordering, OrderItem, register_orderer
+
+__all__ = ["LostInTheMiddle", "checked_scores", "end_placement", "rank_scores"]
 
 _BEST_CHOICES: tuple[str, ...] = ("first", "last")
 
 
 def _check_best(best: object) -> None:
     if not isinstance(best, str) or best not in _BEST_CHOICES:
-        raise ValueError(f"best must be 'first' or 'last', got {best!r}")
+        raise InvalidInputError(f"best must be 'first' or 'last', got {best!r}")
 
 
-def _checked_scores(scores: Sequence[float]) -> list[float]:
+def checked_scores(scores: Sequence[float]) -> list[float]:
     """Return ``scores`` as a list, raising if any entry is not a finite real number."""
     if isinstance(scores, (str, bytes)):
-        raise TypeError(f"scores must be a sequence of numbers, got {type(scores).__name__}")
+        raise InvalidInputTypeError(f"scores must be a sequence of numbers, got {type(scores).__name__}")
     values = list(scores)
     for i, s in enumerate(values):
         if isinstance(s, bool) or not isinstance(s, numbers.Real):
-            raise TypeError(f"scores[{i}] must be a real number, got {type(s).__name__}: {s!r}")
+            raise InvalidInputTypeError(f"scores[{i}] must be a real number, got {type(s).__name__}: {s!r}")
         try:
             finite = math.isfinite(s)
         except OverflowError:  # an int too large for a float is still finite
             finite = True
         if not finite:
-            raise ValueError(f"scores[{i}] must be finite, got {s!r}")
+            raise InvalidInputError(f"scores[{i}] must be finite, got {s!r}")
     return values
 
 
@@ -47,9 +50,9 @@ def rank_scores(n: int) -> list[float]:
     ``end_placement(rank_scores(len(docs)))``.
     """
     if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise TypeError(f"n must be an int, got {type(n).__name__}: {n!r}")
+        raise InvalidInputTypeError(f"n must be an int, got {type(n).__name__}: {n!r}")
     if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+        raise InvalidInputError(f"n must be >= 0, got {n}")
     return [float(-i) for i in range(int(n))]
 
 
@@ -87,7 +90,7 @@ def end_placement(scores: Sequence[float], *, best: Literal["first", "last"] = "
         [1, 3, 2, 0]
     """
     _check_best(best)
-    values = _checked_scores(scores)
+    values = checked_scores(scores)
     n = len(values)
     ranked = sorted(range(n), key=lambda i: (-values[i], i))
     perm = [0] * n
@@ -99,6 +102,7 @@ def end_placement(scores: Sequence[float], *, best: Literal["first", "last"] = "
     return perm
 
 
+@register_orderer
 class LostInTheMiddle:
     """End placement against "lost in the middle" (Liu et al. 2023).
 
@@ -109,13 +113,20 @@ class LostInTheMiddle:
     depend on whether the document count is odd or even.  See :func:`end_placement`.
     """
 
+    name: ClassVar[str] = "lost_in_the_middle"
+    reorders: ClassVar[bool] = True
+
     def __init__(self, best: Literal["first", "last"] = "first") -> None:
         _check_best(best)
         self.best: Literal["first", "last"] = best
 
-    def order(self, scores: Sequence[float]) -> list[int]:
-        """Return the permutation: output slot ``i`` holds input index ``perm[i]``."""
-        return end_placement(scores, best=self.best)
+    @classmethod
+    def from_resources(cls, resources: OrdererResources) -> LostInTheMiddle:
+        return cls()
+
+    def order(self, query: str, documents: Sequence[OrderItem]) -> Ordering:
+        """End placement by relevance: output slot ``i`` holds input document ``permutation[i]``."""
+        return Ordering(end_placement([d.relevance for d in documents], best=self.best))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(best={self.best!r})"

@@ -1,0 +1,3 @@
+from rag_opt.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""What the subcommands share: budget and model options (defined once), reading documents, the data folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from rag_opt.errors import RagOptError
+from rag_opt.types import ORDERING_NAMES, Budget
+
+__all__ = [
+    "UserError",
+    "add_budget_args",
+    "add_model_args",
+    "add_optimizer_args",
+    "budget_from_args",
+    "build_optimizer",
+    "default_data_dir",
+    "read_documents",
+]
+
+
+class UserError(RagOptError):
+    """An error caused by the user's input on the command line; reported without a traceback."""
+
+
+def default_data_dir() -> Path:
+    """``$RAG_OPT_DATA_DIR``, else ``../shared/data`` (relative to the current folder): the command line's default."""
+    return Path(os.environ.get("RAG_OPT_DATA_DIR") or Path.cwd().parent / "shared" / "data")
+
+
+def _ratio(value: str) -> float:
+    try:
+        r = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"ratio must be a number in (0, 1], got {value!r}") from None
+    if not 0 < r <= 1:
+        raise argparse.ArgumentTypeError(f"ratio must be in (0, 1], got {value}")
+    return r
+
+
+def nonneg_int(value: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return n
+
+
+def _probability(value: str) -> float:
+    try:
+        p = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"threshold must be a number in [0, 1], got {value!r}") from None
+    if not 0 <= p <= 1:
+        raise argparse.ArgumentTypeError(f"threshold must be in [0, 1], got {value}")
+    return p
+
+
+def add_budget_args(p: argparse.ArgumentParser, *, default_ratio: float | None = None) -> None:
+    """``--ratio`` / ``--target-tokens`` / ``--threshold``, mutually exclusive (a :class:`Budget`)."""
+    g = p.add_mutually_exclusive_group()
+    default = f" (default {default_ratio})" if default_ratio is not None else ""
+    g.add_argument("--ratio", type=_ratio, help=f"fraction of target-LLM tokens to keep, in (0, 1]{default}")
+    g.add_argument("--target-tokens", type=nonneg_int, help="token budget in the target LLM's tokens")
+    g.add_argument("--threshold", type=_probability, help="keep sentences whose relevance probability is >= this")
+
+
+def budget_from_args(args: argparse.Namespace, *, default_ratio: float | None = None) -> Budget:
+    """The :class:`Budget` of the parsed budget options (``default_ratio`` when none was given)."""
+    budget = Budget(ratio=args.ratio, target_tokens=args.target_tokens, threshold=args.threshold)
+    return budget if budget.compresses or default_ratio is None else Budget(ratio=default_ratio)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """``--model`` / ``--device`` / ``--dtype``: which proxy model, where, at what precision."""
+    p.add_argument("--model", help="proxy model: Hugging Face id, local folder or .gguf (default: embedded SmolLM2)")
+    p.add_argument("--device", help="cuda, cpu, ... (default: cuda when available)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="proxy model dtype")
+
+
+def add_optimizer_args(p: argparse.ArgumentParser) -> None:
+    """The options of a :class:`~rag_opt.ContextOptimizer` run: query, input, target, ordering, probe, model."""
+    p.add_argument("--query", "-q", required=True, help="the question")
+    p.add_argument(
+        "--input", "-i", required=True, help="documents as JSONL ({'text','id'?,'metadata'?,'title'?}); - for stdin"
+    )
+    p.add_argument("--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>")
+    p.add_argument("--ordering", default="input", choices=ORDERING_NAMES, help="document ordering (default: input)")
+    p.add_argument("--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
+    add_model_args(p)
+
+
+def build_optimizer(args: argparse.Namespace) -> Any:
+    """A ContextOptimizer from the shared model/target/ordering/probe arguments."""
+    from rag_opt.pipeline import ContextOptimizer
+
+    if not args.query.strip():
+        raise UserError("--query is empty")
+    return ContextOptimizer(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        target=args.target,
+        ordering=args.ordering,
+        probe=None if args.probe == "none" else args.probe,
+        keep_best_per_doc=getattr(args, "keep_best_per_doc", False),
+        keep_first=getattr(args, "keep_first", False),
+        calibrate=getattr(args, "calibrate", True),
+    )
+
+
+def read_documents(path: str) -> list[dict[str, Any]]:
+    """Read documents from JSONL (one JSON object or string per line); ``-`` reads standard input."""
+    if path == "-":
+        lines = sys.stdin.read().split("\n")  # JSONL lines end at \n only (not U+2028 etc.)
+        name = "<stdin>"
+    else:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"input file not found: {path}")
+        try:
+            lines = p.read_text(encoding="utf-8").split("\n")
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{path} is not UTF-8 text: {exc}") from None
+        name = path
+    docs: list[dict[str, Any]] = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{name}, line {n}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+        if isinstance(rec, str):
+            rec = {"text": rec}
+        if not isinstance(rec, dict):
+            raise UserError(f"{name}, line {n}: expected a JSON object with a 'text' field or a string")
+        if not isinstance(rec.get("text", rec.get("page_content")), str):
+            raise UserError(f"{name}, line {n}: missing string field 'text'")
+        docs.append(rec)
+    if not docs:
+        raise UserError(f"{name} holds no documents")
+    return docs

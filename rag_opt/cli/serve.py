@@ -1,0 +1,77 @@
+"""``rag-opt serve``: the HTTP service in front of an LLM server. Its flags come from the settings model."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from rag_opt.cli.common import UserError
+
+__all__ = ["register"]
+
+logger = logging.getLogger("rag_opt.cli")
+
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def register(sub: Any) -> None:
+    from rag_opt.server.settings import add_settings_arguments
+
+    p = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible proxy: optimize the context of chat requests, forward them upstream",
+        description="OpenAI-compatible HTTP proxy (needs the server extra). Every option can also be set by "
+        "the environment variable RAG_OPT_<OPTION> (e.g. RAG_OPT_UPSTREAM, RAG_OPT_RATIO, RAG_OPT_UPSTREAM_API_KEY); "
+        "the command line wins.",
+    )
+    add_settings_arguments(p)
+    p.set_defaults(handler=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        import starlette  # noqa: F401
+        import uvicorn
+    except ImportError:
+        raise UserError("rag-opt serve needs the server extra: pip install 'rag-opt[server]'") from None
+    from rag_opt.server.app import create_app
+    from rag_opt.server.settings import redact_url, settings_from_args
+
+    settings = settings_from_args(args)
+    if settings.probe not in (None, "auto", "none"):  # validate a probe file before serving (not at first use)
+        from rag_opt.compressors.probe import Probe
+
+        Probe.load(settings.probe)
+    app = create_app(settings)
+    logging.getLogger("rag_opt").setLevel(min(logging.getLogger().getEffectiveLevel(), logging.INFO))
+    budget = ", ".join(f"{k}={v}" for k, v in settings.budget.as_kwargs().items() if v is not None)
+    print(
+        f"rag-opt proxy on http://{settings.host}:{settings.port}/v1 -> {redact_url(settings.upstream)} ({budget}, "
+        f"ordering={settings.ordering}, time budget {settings.time_budget_ms:.0f} ms, "
+        f"{settings.max_concurrency} worker(s), queue {settings.max_queue}, on overload {settings.on_overload}, "
+        f"proxy key {'required' if settings.api_key is not None else 'off'})",
+        file=sys.stderr,
+    )
+    if settings.host not in _LOOPBACK and settings.api_key is None:
+        logger.warning(
+            "listening on %s without --api-key: anyone who can reach this port can send requests through it "
+            "(with your --upstream-api-key, if set)",
+            settings.host,
+        )
+    if settings.log_bodies:
+        logger.warning("--log-bodies: request and response bodies are logged (credentials redacted)")
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="debug" if args.verbose >= 2 else "info",
+        access_log=False,  # rag-opt's own access log leaves out query strings (they may carry credentials)
+        # idle client connections stay open 75 s, longer than client pools keep them (httpx, hence the OpenAI
+        # SDKs: 5 s): a client never sends a request on a connection the proxy is closing
+        timeout_keep_alive=75,
+        server_header=False,  # the upstream's Server and Date headers are relayed
+        date_header=False,
+    )
+    return 0

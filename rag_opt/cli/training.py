@@ -1,0 +1,153 @@
+"""``rag-opt calibrate``, ``train-probe`` and ``train-doc-probe``: the training side, on ../shared/data by default."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rag_opt.cli.common import UserError, add_model_args, default_data_dir, nonneg_int
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("calibrate", help="measure the proxy's positional attention profile (cached on disk)")
+    p.add_argument("--n-docs", type=int, required=True, help="number of documents (slots) to calibrate for")
+    p.add_argument("--contexts", type=int, default=50, help="calibration contexts to average (default 50)")
+    p.add_argument("--data", default=None, help="NQ multi-doc JSONL(.gz) (default ../shared/data/nq_multidoc)")
+    p.add_argument("--store", default=None, help="profile folder (default <rag-opt cache>/calibration)")
+    p.add_argument(
+        "--plot", default=None, help="where to write the PNG of the profile (default: next to the profile JSON)"
+    )
+    p.add_argument("--force", action="store_true", help="re-estimate even when a cached profile exists")
+    add_model_args(p)
+    p.set_defaults(handler=_calibrate)
+
+    p = sub.add_parser("train-probe", help="train the sentence-relevance probe on HotpotQA")
+    p.add_argument(
+        "--data", default=None, help="HotpotQA train JSONL(.gz) (default ../shared/data/hotpotqa/train.jsonl.gz)"
+    )
+    p.add_argument("--out", required=True, help="where to write the probe JSON")
+    p.add_argument("--limit", type=nonneg_int, help="use the first N questions (after shuffling)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache", default=None, help="feature cache folder (default: <rag-opt cache>/features)")
+    p.add_argument("--l2", type=float, default=None, help="L2 strength (default: chosen on held-out questions)")
+    p.add_argument("--blocks", default=None, help="comma-separated feature blocks (default: all)")
+    add_model_args(p)
+    p.set_defaults(handler=_train_probe)
+
+    p = sub.add_parser("train-doc-probe", help="train the document relevance probe on NQ (its train split)")
+    p.add_argument("--data", default=None, help="NQ multi-doc JSONL(.gz) (default ../shared/data/nq_multidoc)")
+    p.add_argument("--out", required=True, help="where to write the probe JSON")
+    p.add_argument("--n-docs", default="20", help="comma-separated numbers of documents to train with (default 20)")
+    p.add_argument("--limit", type=nonneg_int, help="use the first N train questions")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache", default=None, help="feature cache folder (default: <rag-opt cache>/features)")
+    p.add_argument("--store", default=None, help="calibration profile folder (default <rag-opt cache>/calibration)")
+    p.add_argument("--l2", type=float, default=None, help="L2 strength (default: chosen on held-out questions)")
+    p.add_argument("--blocks", default=None, help="comma-separated document feature blocks")
+    add_model_args(p)
+    p.set_defaults(handler=_train_doc_probe)
+
+
+def _data(arg: str | None, *parts: str) -> str:
+    data = arg or str(default_data_dir().joinpath(*parts))
+    if not Path(data).is_file():
+        raise UserError(f"data not found: {data}")
+    return data
+
+
+def _feature_cache(arg: str | None) -> str:
+    from rag_opt.paths import cache_dir
+
+    return arg or str(cache_dir() / "features")
+
+
+def _blocks(arg: str | None) -> tuple[str, ...] | None:
+    return tuple(b.strip() for b in arg.split(",")) if arg else None
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from rag_opt.models.loader import load_proxy_model
+    from rag_opt.orderers.profiles import ProfileStore
+    from rag_opt.training.calibration import estimate_profile, nq_calibration_contexts, plot_profile
+
+    if args.n_docs < 1 or args.contexts < 1:
+        raise UserError("--n-docs and --contexts must be positive")
+    store = ProfileStore(args.store, shipped=False)
+    proxy = load_proxy_model(args.model, device=args.device, dtype=args.dtype)
+    profile = None if args.force else store.get(proxy.name, args.n_docs)
+    shipped = None if args.force or profile else ProfileStore(args.store).get(proxy.name, args.n_docs)
+    if shipped is not None:
+        profile = shipped
+        print(f"using the profile shipped with rag-opt ({profile.contexts} contexts); --force measures your own")
+    elif profile is None:
+        data = _data(args.data, "nq_multidoc", "public.jsonl.gz")
+        contexts = nq_calibration_contexts(args.n_docs, args.contexts, data)
+        profile = estimate_profile(
+            proxy, contexts, args.n_docs, metadata={"data": "nq_multidoc calibration split (distractors only)"}
+        )
+        path = store.put(profile)
+        print(f"wrote {path} ({profile.contexts} contexts)")
+    else:
+        print(f"using cached {store.path(proxy.name, args.n_docs)} ({profile.contexts} contexts)")
+    curve = profile.slot_attention("last")
+    print("slot attention (final token, mean over layers and heads): " + " ".join(f"{x:.3f}" for x in curve))
+    plot = args.plot or str(store.path(proxy.name, args.n_docs).with_suffix(".png"))
+    try:
+        Path(plot).parent.mkdir(parents=True, exist_ok=True)
+        plot_profile(profile, plot)
+    except ImportError:
+        if args.plot:
+            raise UserError("--plot needs matplotlib: pip install 'rag-opt[plot]'") from None
+        print("(pip install 'rag-opt[plot]' to also get a PNG of the profile)")
+    else:
+        print(f"wrote {plot}")
+    return 0
+
+
+def _train_doc_probe(args: argparse.Namespace) -> int:
+    from rag_opt.training.doc_probe import train_doc_probe_cli
+
+    data = _data(args.data, "nq_multidoc", "public.jsonl.gz")
+    try:
+        n_docs = [int(x) for x in args.n_docs.split(",")]
+    except ValueError:
+        raise UserError(f"--n-docs must be comma-separated integers, got {args.n_docs!r}") from None
+    if any(n < 2 for n in n_docs):
+        raise UserError("--n-docs values must be at least 2")
+    _, report = train_doc_probe_cli(
+        data=data,
+        out=args.out,
+        model=args.model,
+        n_docs=n_docs,
+        limit=args.limit,
+        seed=args.seed,
+        cache_root=_feature_cache(args.cache),
+        store=args.store,
+        l2=args.l2,
+        blocks=_blocks(args.blocks),
+    )
+    cv = report["cv_5fold"]
+    print(
+        f"document probe written to {args.out}: {report['questions']} questions, l2 {report['l2']}, "
+        f"5-fold Recall@1 {cv['recall@1']:.3f}, Recall@3 {cv['recall@3']:.3f}"
+    )
+    return 0
+
+
+def _train_probe(args: argparse.Namespace) -> int:
+    from rag_opt.training.sentence_probe import train_probe_cli
+
+    train_probe_cli(
+        data=_data(args.data, "hotpotqa", "train.jsonl.gz"),
+        out=args.out,
+        model=args.model,
+        limit=args.limit,
+        seed=args.seed,
+        cache_root=_feature_cache(args.cache),
+        l2=args.l2,
+        blocks=_blocks(args.blocks),
+    )
+    return 0

@@ -1,0 +1,63 @@
+"""Document relevance from the same proxy forward pass as the sentence scores, calibrated for position bias.
+
+The final token's attention to a document, averaged over the small proxy's heads, mostly measures *where* the
+document sits (recency), not whether it answers the question. rag-opt therefore
+
+1. subtracts, per layer, head and slot, the attention share a non-relevant document receives in that slot
+   (the calibration profile, :mod:`rag_opt.orderers.profiles`: "found in the middle" applied per head; in log space,
+   i.e. the log ratio of the two shares, which measured more accurate and more even across slots than the plain
+   difference — ``benchmarks/doc_probe_ablation.py``), and
+2. feeds those calibrated per-head features (final-token and question-token views; lexical features are an
+   option, ``doc_lexical``) to a logistic-regression *document probe* trained on NQ questions set aside for
+   training (``rag-opt train-doc-probe``).
+
+No extra forward pass is needed: the attention comes from the sentence scorer's pass. Calibration needs the
+whole context in one window and a profile for the number of documents; otherwise the caller falls back to the
+best sentence score per document and reports the scores as uncalibrated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rag_opt.compressors.features import build_doc_features
+from rag_opt.errors import ProbeMismatchError
+
+__all__ = ["DEFAULT_DOC_BLOCKS", "document_relevance"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.compressors.probe import Probe
+    from rag_opt.models.extract import AttentionFeatures
+    from rag_opt.orderers.profiles import PositionProfile
+
+# chosen by 5-fold cross-validation on the NQ train split (benchmarks/doc_probe_ablation.py): the best Recall@3
+# and the most even across gold positions; the lexical block adds Recall@1 but not Recall@3 there
+DEFAULT_DOC_BLOCKS = ("doc_ratio_last", "doc_ratio_question")
+
+
+def document_relevance(
+    probe: Probe,
+    attn: AttentionFeatures,
+    question: str,
+    doc_units: Sequence[Sequence[str]],
+    profile: PositionProfile | None,
+) -> np.ndarray:
+    """Probability that each document (in prompt order) is relevant, from calibrated per-head attention.
+
+    ``doc_units`` are the documents as rendered (unit strings, concatenated verbatim). ``profile`` must be the
+    calibration profile of the proxy model for exactly ``len(doc_units)`` documents when the probe uses
+    calibrated blocks.
+    """
+    if probe.layout.level != "document":
+        raise ProbeMismatchError(f"document_relevance needs a document-level probe, got level {probe.layout.level!r}")
+    n = len(doc_units)
+    baseline = None
+    if profile is not None:
+        # the profile must be the probe model's, for exactly these many documents (raises a clear error)
+        profile.check(probe.model, n, profile.template)
+        baseline = profile.baseline
+    X = build_doc_features(probe.layout, attn, question, ["".join(d) for d in doc_units], baseline)
+    return np.asarray(probe.predict_proba(X), dtype=np.float64)

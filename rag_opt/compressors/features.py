@@ -1,0 +1,231 @@
+"""Turn attention features (and cheap lexical signals) into the probe's per-unit feature matrix.
+
+A feature *layout* is a list of named blocks; the probe stores the layout it was trained with and refuses a
+model or layout that does not match. Blocks:
+
+* ``attn_last`` / ``attn_question``: log attention (relative to uniform) per layer and head, from the final
+  token's row and from the mean of the question tokens' rows (``layers × heads`` values each);
+* ``attn_last_ctx`` / ``attn_question_ctx``: the same, centred on the context's mean over its units (how much
+  more than its neighbours a unit is attended, per head);
+* ``doc_attn_question``: log share of attention on the unit's whole document, per layer and head, relative
+  to an even share — lets the probe see which document a sentence belongs to;
+* ``lexical``: BM25 of the unit and of its document against the question (raw and relative to the context's
+  best), question-term overlap, first-unit-of-document flag, log length in proxy tokens, relative position.
+
+Document-level layouts (``level="document"``, the document relevance probe of :mod:`rag_opt.compressors.doc_relevance`)
+use one row per document and these blocks:
+
+* ``doc_cal_last`` / ``doc_cal_question``: position-calibrated attention share per layer and head — the
+  document's share minus the share a non-relevant document gets in the same slot (the calibration profile),
+  times the number of documents (so 0 means "as much as a non-relevant document there");
+* ``doc_ratio_last`` / ``doc_ratio_question``: the same subtraction in log space — log of the document's share
+  over the non-relevant share in the same slot ("twice what this slot usually gets" reads the same in every
+  slot; the default: more accurate and more even across positions than the plain difference);
+* ``doc_raw_last`` / ``doc_raw_question``: uncalibrated log share relative to an even share (ablation);
+* ``doc_lexical``: BM25 of the document against the question (relative to the context's best, and log) and
+  question-term overlap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rag_opt.compressors.lexical import bm25_scores, term_overlap
+from rag_opt.errors import ProbeMismatchError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.models.extract import AttentionFeatures
+    from rag_opt.text.units import UnitTable
+
+__all__ = [
+    "ALL_BLOCKS",
+    "DEFAULT_BLOCKS",
+    "DOC_BLOCKS",
+    "FeatureLayout",
+    "build_doc_features",
+    "build_features",
+    "lexical_features",
+]
+
+EPS = 1e-3
+LEXICAL_NAMES = (
+    "bm25_rel",
+    "bm25_log",
+    "overlap",
+    "doc_bm25_rel",
+    "doc_overlap",
+    "first_in_doc",
+    "log_tokens",
+    "position_in_doc",
+)
+ALL_BLOCKS = (
+    "attn_last",
+    "attn_question",
+    "attn_last_ctx",
+    "attn_question_ctx",
+    "doc_attn_question",
+    "lexical",
+)
+DEFAULT_BLOCKS = ("attn_last", "attn_question", "doc_attn_question", "lexical")
+DOC_LEXICAL_NAMES = ("bm25_rel", "bm25_log", "overlap")
+DOC_BLOCKS = (
+    "doc_cal_last",
+    "doc_cal_question",
+    "doc_ratio_last",
+    "doc_ratio_question",
+    "doc_raw_last",
+    "doc_raw_question",
+    "doc_lexical",
+)
+LEVELS = {"unit": ALL_BLOCKS, "document": DOC_BLOCKS}
+
+
+@dataclass(frozen=True)
+class FeatureLayout:
+    blocks: tuple[str, ...]
+    num_layers: int
+    num_heads: int
+    level: str = "unit"  # "unit": one row per sentence/unit; "document": one row per document
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ValueError(f"unknown feature level {self.level!r}; use one of {list(LEVELS)}")
+        if not self.blocks:
+            raise ValueError("a feature layout needs at least one block")
+        known = LEVELS[self.level]
+        unknown = [b for b in self.blocks if b not in known]
+        if unknown:
+            raise ValueError(f"unknown {self.level}-level feature block(s) {unknown}; known: {list(known)}")
+
+    def block_size(self, block: str) -> int:
+        if block == "lexical":
+            return len(LEXICAL_NAMES)
+        if block == "doc_lexical":
+            return len(DOC_LEXICAL_NAMES)
+        return self.num_layers * self.num_heads
+
+    @property
+    def size(self) -> int:
+        return sum(self.block_size(b) for b in self.blocks)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "blocks": list(self.blocks),
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "level": self.level,
+        }
+
+
+def lexical_features(question: str, units: UnitTable, unit_tokens: np.ndarray) -> np.ndarray:
+    flat = list(units.texts)
+    n = len(flat)
+    doc_of = units.doc
+    bm = bm25_scores(question, flat)
+    ov = term_overlap(question, flat)
+    doc_texts = units.document_texts()
+    dbm = bm25_scores(question, doc_texts)
+    dov = term_overlap(question, doc_texts)
+    first = np.zeros(n, dtype=np.float32)
+    pos = np.zeros(n, dtype=np.float32)
+    for d in range(units.n_docs):
+        cands = [r for r in units.rows(d) if units.candidate[r]]
+        for rank, r in enumerate(cands):
+            first[r] = 1.0 if rank == 0 else 0.0
+            pos[r] = rank / max(len(cands) - 1, 1)
+    out = np.stack(
+        [
+            bm / (bm.max() if n and bm.max() > 0 else 1.0),
+            np.log1p(bm),
+            ov,
+            (dbm / (dbm.max() if dbm.size and dbm.max() > 0 else 1.0))[doc_of],
+            dov[doc_of],
+            first,
+            np.log1p(unit_tokens.astype(np.float32)),
+            pos,
+        ],
+        axis=1,
+    )
+    return out.astype(np.float32)
+
+
+def _check_model(layout: FeatureLayout, attn: AttentionFeatures) -> None:
+    if (attn.num_layers, attn.num_heads) != (layout.num_layers, layout.num_heads):
+        raise ProbeMismatchError(
+            f"feature layout expects {layout.num_layers}×{layout.num_heads} layers×heads, the proxy model "
+            f"gives {attn.num_layers}×{attn.num_heads}"
+        )
+
+
+def build_features(layout: FeatureLayout, attn: AttentionFeatures, question: str, units: UnitTable) -> np.ndarray:
+    """Feature matrix (n_units, layout.size) for every unit of the context (candidates and others)."""
+    if layout.level != "unit":
+        raise ValueError(f"build_features needs a unit-level layout, got level {layout.level!r}")
+    _check_model(layout, attn)
+    n = attn.unit.shape[0]
+    doc_of = units.doc
+    n_docs = max(units.n_docs, 1)
+    blocks: list[np.ndarray] = []
+    for block in layout.blocks:
+        if block == "attn_last":
+            blocks.append(np.log(attn.unit[:, 0].reshape(n, -1) + EPS))
+        elif block == "attn_question":
+            blocks.append(np.log(attn.unit[:, 1].reshape(n, -1) + EPS))
+        elif block in ("attn_last_ctx", "attn_question_ctx"):
+            v = np.log(attn.unit[:, 0 if block == "attn_last_ctx" else 1].reshape(n, -1) + EPS)
+            blocks.append(v - v.mean(axis=0, keepdims=True))
+        elif block == "doc_attn_question":
+            blocks.append(np.log(attn.doc_mass[doc_of, 1].reshape(n, -1) * n_docs + EPS))
+        elif block == "lexical":
+            blocks.append(lexical_features(question, units, attn.unit_tokens))
+    return np.concatenate(blocks, axis=1).astype(np.float32)
+
+
+def build_doc_features(
+    layout: FeatureLayout,
+    attn: AttentionFeatures,
+    question: str,
+    doc_texts: Sequence[str],
+    baseline: np.ndarray | None,
+) -> np.ndarray:
+    """Feature matrix (n_docs, layout.size), one row per document in prompt order.
+
+    ``baseline`` is the calibration profile's per-slot share (n_docs, n_views, L, H); the ``doc_cal_*``
+    blocks need it.
+    """
+    if layout.level != "document":
+        raise ValueError(f"build_doc_features needs a document-level layout, got level {layout.level!r}")
+    _check_model(layout, attn)
+    n = attn.doc_mass.shape[0]
+    if len(doc_texts) != n:
+        raise ValueError(f"{len(doc_texts)} document texts for attention over {n} documents")
+    if attn.windows != 1:
+        raise ValueError("document features need the whole context in one forward pass (windows == 1)")
+    mass = attn.doc_mass.astype(np.float64)
+    calibrated = [b for b in layout.blocks if b.startswith(("doc_cal_", "doc_ratio_"))]
+    if calibrated and baseline is None:
+        raise ValueError(f"feature block {calibrated[0]!r} needs a calibration profile")
+    if calibrated and baseline is not None and baseline.shape != mass.shape:
+        raise ValueError(f"calibration baseline {baseline.shape} does not match attention {mass.shape}")
+    blocks: list[np.ndarray] = []
+    for block in layout.blocks:
+        view = 0 if block.endswith("_last") else 1
+        if block.startswith("doc_cal_"):
+            assert baseline is not None
+            blocks.append(((mass[:, view] - baseline[:, view]) * n).reshape(n, -1))
+        elif block.startswith("doc_ratio_"):
+            assert baseline is not None
+            ratio = (mass[:, view] * n + EPS) / (baseline[:, view] * n + EPS)
+            blocks.append(np.log(ratio).reshape(n, -1))
+        elif block.startswith("doc_raw_"):
+            blocks.append(np.log(mass[:, view] * n + EPS).reshape(n, -1))
+        elif block == "doc_lexical":
+            bm = bm25_scores(question, list(doc_texts))
+            ov = term_overlap(question, list(doc_texts))
+            top = bm.max() if bm.size and bm.max() > 0 else 1.0
+            blocks.append(np.stack([bm / top, np.log1p(bm), ov], axis=1))
+    return np.concatenate(blocks, axis=1).astype(np.float32)

