@@ -154,16 +154,18 @@ class ContextOptimizer:
         return orderer
 
     def _proxy_for(self, ordering: str) -> ProxyModel:
-        proxy = getattr(self.scorer(), "proxy", None)
+        """The scorer's proxy model (a scorer with a ``proxy``, e.g. the Sentinel scorer), for an orderer."""
+        proxy: ProxyModel | None = getattr(self.scorer(), "proxy", None)
         if proxy is None:
             raise ConfigurationError(
                 f"ordering {ordering!r} needs the proxy model's attention; it is not available with the "
                 f"{type(self.scorer()).__name__} scorer"
             )
-        return proxy  # type: ignore[no-any-return]
+        return proxy
 
     def _profiles(self) -> ProfileStore | None:
-        return getattr(self.scorer(), "profiles", None)
+        profiles: ProfileStore | None = getattr(self.scorer(), "profiles", None)
+        return profiles
 
     # -- the pipeline -------------------------------------------------------------------------------------
     def optimize(

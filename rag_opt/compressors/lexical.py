@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+__all__ = ["bm25_scores", "term_overlap"]
+
 
 def _bm25s() -> Any:
     import logging

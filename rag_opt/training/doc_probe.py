@@ -37,6 +37,21 @@ from rag_opt.training.units import titled_units
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.models.loader import ProxyModel
 
+__all__ = [
+    "NQInstance",
+    "build_doc_training_set",
+    "cross_val_scores",
+    "cross_validate",
+    "extract_nq",
+    "grouped_recall",
+    "nq_cache",
+    "nq_records",
+    "random_positions",
+    "select_retrieval_heads",
+    "train_doc_probe",
+    "train_doc_probe_cli",
+]
+
 logger = logging.getLogger(__name__)
 
 NQ_MIN_DISTRACTORS = 29  # the same records for every N (10, 20, 30), as in the benchmark

@@ -17,6 +17,8 @@ import numpy as np
 
 from rag_opt.models.extract import AttentionFeatures
 
+__all__ = ["CachedExample", "FeatureCache", "fill_cache"]
+
 logger = logging.getLogger(__name__)
 
 

@@ -1,0 +1,108 @@
+"""The shape of the package holds: no import cycles, training code out of the runtime, lazy heavy imports.
+
+Imports are read statically (module level, outside ``if TYPE_CHECKING:``), so these tests load no model.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "rag_opt"
+
+
+def _module(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, *, top_level_only: bool) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rag_opt"):
+                out.add(node.module)
+                out.update(f"{node.module}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names if a.name.startswith("rag_opt"))
+            elif not top_level_only or isinstance(node, (ast.If, ast.Try)):
+                for child in ast.iter_child_nodes(node):
+                    if isinstance(child, ast.stmt):
+                        visit([child])
+
+    visit(tree.body)
+    return out
+
+
+def _graph(*, top_level_only: bool) -> dict[str, set[str]]:
+    files = {_module(p): p for p in PKG.rglob("*.py")}
+    return {m: {i for i in _imports(p, top_level_only=top_level_only) if i in files} - {m} for m, p in files.items()}
+
+
+def test_no_import_cycles_at_module_level() -> None:
+    graph = _graph(top_level_only=True)
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def dfs(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(path[path.index(n) :] + [n]))
+            if n not in state:
+                dfs(n)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            dfs(m)
+
+
+def test_the_runtime_never_imports_training_code() -> None:
+    graph = _graph(top_level_only=False)
+    for m, deps in graph.items():
+        if m.startswith(("rag_opt.training", "rag_opt.cli")):
+            continue
+        bad = sorted(d for d in deps if d.startswith("rag_opt.training"))
+        assert not bad, f"{m} imports training code: {bad}"
+
+
+def test_adapters_and_the_server_import_no_other_adapter() -> None:
+    graph = _graph(top_level_only=False)
+    for m, deps in graph.items():
+        if m.startswith(("rag_opt.adapters.", "rag_opt.server")):
+            others = sorted(
+                d for d in deps if d.startswith("rag_opt.adapters.") and d != "rag_opt.adapters.metadata" and d != m
+            )
+            assert not others, f"{m} imports another adapter: {others}"
+
+
+def test_every_public_module_declares_all() -> None:
+    missing = [
+        _module(p)
+        for p in PKG.rglob("*.py")
+        if not p.name.startswith("_") and p.name != "__main__.py" and "__all__" not in p.read_text(encoding="utf-8")
+    ]
+    assert not missing, f"modules without __all__: {missing}"
+
+
+def test_importing_rag_opt_loads_no_torch_transformers_or_framework() -> None:
+    code = (
+        "import sys, rag_opt, rag_opt.types, rag_opt.errors, rag_opt.orderers, rag_opt.compressors, rag_opt.models\n"
+        "heavy = [m for m in ('torch', 'transformers', 'langchain_core', 'httpx', 'starlette') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "rag_opt.Budget; rag_opt.RagOptError; rag_opt.Unit; rag_opt.Timings; rag_opt.Scorer; rag_opt.Orderer\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
