@@ -177,64 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
         "the environment variable RAG_OPT_<OPTION> (e.g. RAG_OPT_UPSTREAM, RAG_OPT_RATIO, RAG_OPT_UPSTREAM_API_KEY); "
         "the command line wins.",
     )
-    p.add_argument("--upstream", help="the upstream's OpenAI base URL, e.g. http://localhost:8080/v1 (required)")
-    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port to listen on (default 8000)")
-    p.add_argument(
-        "--upstream-api-key",
-        help="replace the clients' Authorization with this key (prefer RAG_OPT_UPSTREAM_API_KEY: argv is visible)",
-    )
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--ratio", type=_ratio, help="fraction of context tokens to keep, in (0, 1] (default 0.5)")
-    g.add_argument("--target-tokens", type=_nonneg_int, help="context token budget in the target LLM's tokens")
-    g.add_argument("--threshold", type=float, help="keep sentences whose relevance probability is >= this")
-    p.add_argument("--ordering", help=f"document ordering: {', '.join(ORDERINGS)} (default: input)")
-    p.add_argument("--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>")
-    p.add_argument("--probe", help="probe JSON path, 'auto' (shipped, default) or 'none' (raw attention)")
-    p.add_argument("--document-tag", help="context documents are <TAG ...>...</TAG> blocks (default: document)")
-    p.add_argument("--tool-min-chars", type=_nonneg_int, help="tool messages this long are context (default 2000)")
-    p.add_argument(
-        "--no-tool-messages",
-        dest="tool_messages",
-        action="store_const",
-        const=False,
-        help="never optimize tool messages",
-    )
-    p.add_argument("--time-budget-ms", type=float, help="optimizer time budget; over it the request is forwarded as is")
-    p.add_argument("--max-concurrency", type=int, help="optimizations running at once (worker threads, default 1)")
-    p.add_argument("--max-queue", type=int, help="optimizations that may wait for a worker (default 8)")
-    p.add_argument(
-        "--on-overload",
-        choices=["fail-open", "reject"],
-        help="when the optimizer is overloaded: forward unoptimized (fail-open, default) or answer 429 (reject)",
-    )
-    p.add_argument("--max-body-bytes", type=int, help="larger request bodies get a 413 (default 33554432 = 32 MiB)")
-    p.add_argument(
-        "--optimizer-nice",
-        type=int,
-        help="run optimizer threads this much lower in CPU priority than request handling (Linux; default 10, 0: off)",
-    )
-    p.add_argument("--connect-timeout", type=float, help="seconds to connect to the upstream (default 10)")
-    p.add_argument("--read-timeout", type=float, help="seconds between bytes from the upstream (default 600)")
-    p.add_argument("--no-warmup", dest="warmup", action="store_const", const=False, help="load the model lazily")
-    p.add_argument(
-        "--api-key",
-        help="proxy access key: clients send 'Authorization: Bearer KEY' or 'X-RagOpt-Api-Key: KEY' "
-        "(prefer RAG_OPT_API_KEY: argv is visible)",
-    )
-    p.add_argument(
-        "--log-bodies",
-        action="store_const",
-        const=True,
-        help="log request and response bodies, credentials redacted (off by default)",
-    )
-    p.add_argument(
-        "--trust-remote-code",
-        action="store_const",
-        const=True,
-        help="let transformers run a hub proxy model's own Python code (off by default)",
-    )
-    _add_model_args(p)
+    from rag_opt.server.settings import add_settings_arguments
+
+    add_settings_arguments(p)  # one flag per ProxySettings field
     return parser
 
 
@@ -476,12 +421,6 @@ def _cmd_train_probe(args: argparse.Namespace) -> int:
     return 0
 
 
-_SERVE_OPTIONS = (
-    "upstream", "host", "port", "upstream_api_key", "ratio", "target_tokens", "threshold", "ordering", "target",
-    "probe", "document_tag", "tool_min_chars", "tool_messages", "time_budget_ms", "max_concurrency", "max_queue",
-    "on_overload", "max_body_bytes", "optimizer_nice", "connect_timeout", "read_timeout", "warmup", "device",
-    "dtype", "api_key", "log_bodies", "trust_remote_code",
-)  # fmt: skip
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
@@ -491,18 +430,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
     except ImportError:
         raise UserError("rag-opt serve needs the server extra: pip install 'rag-opt[server]'") from None
-    from rag_opt.adapters.proxy.app import create_app
-    from rag_opt.adapters.proxy.settings import ProxySettings, redact_url
+    from rag_opt.server.app import create_app
+    from rag_opt.server.settings import redact_url, settings_from_args
 
-    cli = {k: getattr(args, k, None) for k in _SERVE_OPTIONS}
-    settings = ProxySettings.from_sources({**cli, "proxy_model": args.model})
+    settings = settings_from_args(args)
     if settings.probe not in (None, "auto", "none"):  # validate a probe file before serving (not at first use)
         from rag_opt.probe import Probe
 
         Probe.load(settings.probe)
     app = create_app(settings)
     logging.getLogger("rag_opt").setLevel(min(logging.getLogger().getEffectiveLevel(), logging.INFO))
-    budget = ", ".join(f"{k}={v}" for k, v in settings.budget.items() if v is not None)
+    budget = ", ".join(f"{k}={v}" for k, v in settings.budget.as_kwargs().items() if v is not None)
     print(
         f"rag-opt proxy on http://{settings.host}:{settings.port}/v1 -> {redact_url(settings.upstream)} ({budget}, "
         f"ordering={settings.ordering}, time budget {settings.time_budget_ms:.0f} ms, "
