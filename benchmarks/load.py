@@ -18,6 +18,8 @@ the bounded queue): that is the intended behaviour, and the counts are reported.
 
     OMP_NUM_THREADS=1 python benchmarks/load.py --seconds 20 --clients 64     # → benchmarks/results/load.json
 
+Needs the ``server`` extra (uvicorn, httpx) and psutil (``bench`` extra).
+
 Reported: requests served, errors, corrupted responses, p50/p99 latency by request kind (direct vs proxy, the
 difference = latency added by the proxy, and their ratio), optimized vs fail-open counts and latencies, the
 proxy's metrics, and the proxy process's peak RSS (VmHWM). Targets: 0 errors and 0 corrupted responses; the

@@ -261,8 +261,8 @@ def parse_metrics(text: str) -> dict[str, float]:
 @contextmanager
 def serve_proxy(upstream_url: str, optimizer: Any, **settings: Any) -> Iterator[tuple[str, Any]]:
     """Run the proxy app (uvicorn, 127.0.0.1) in front of ``upstream_url``; yields (url, ProxyState)."""
-    from rag_opt.adapters.proxy.app import create_app
-    from rag_opt.adapters.proxy.settings import ProxySettings
+    from rag_opt.server.app import create_app
+    from rag_opt.server.settings import ProxySettings
 
     values = {"upstream": f"{upstream_url}/v1", "time_budget_ms": 300_000, "warmup": False, "tool_min_chars": 300}
     app = create_app(ProxySettings(**{**values, **settings}), optimizer=optimizer)
@@ -280,5 +280,5 @@ def bm25_optimizer() -> Any:
 
 def upstream_pool_is_clean(state: Any) -> bool:
     """No request is in flight on the proxy's upstream connection pool and no connection is left mid-response."""
-    pool = state.client._transport._pool
+    pool = state.upstream.client._transport._pool
     return not pool._requests and all(c.is_idle() or c.is_closed() for c in pool.connections)

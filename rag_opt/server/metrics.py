@@ -10,6 +10,21 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 
+__all__ = [
+    "CONTENT_TYPE",
+    "FAIL_OPEN_REASONS",
+    "LATENCY_BUCKETS",
+    "LOCAL_ERRORS",
+    "OPTIMIZER_STATES",
+    "OUTCOMES",
+    "SHED_REASONS",
+    "TIMEOUT_STAGES",
+    "UPSTREAM_ERRORS",
+    "WAIT_BUCKETS",
+    "Histogram",
+    "Metrics",
+]
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # outcomes of a chat completion request (also the x-ragopt-status response header); "overloaded" = answered 429

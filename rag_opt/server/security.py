@@ -23,10 +23,26 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rag_opt.adapters.proxy.metrics import Metrics
+from rag_opt.server.errors import error_json
+from rag_opt.server.metrics import Metrics
 
-access_log = logging.getLogger("rag_opt.adapters.proxy.access")
-body_log = logging.getLogger("rag_opt.adapters.proxy.bodies")
+__all__ = [
+    "KEY_HEADER",
+    "LOG_BODY_LIMIT",
+    "OPEN_PATHS",
+    "SENSITIVE_HEADERS",
+    "Guard",
+    "access_log",
+    "body_for_log",
+    "body_log",
+    "install_log_filters",
+    "redact",
+    "redact_headers",
+    "too_large_body",
+]
+
+access_log = logging.getLogger("rag_opt.server.access")
+body_log = logging.getLogger("rag_opt.server.bodies")
 
 KEY_HEADER = b"x-ragopt-api-key"
 OPEN_PATHS = frozenset({"/healthz"})
@@ -106,10 +122,6 @@ def install_log_filters() -> None:
         httpx_logger.addFilter(_RedactURLs())
 
 
-def _error_body(message: str, type_: str, code: str) -> bytes:
-    return json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
-
-
 class Guard:
     """ASGI middleware in front of the proxy app: key check, size limit on the declared length, access log."""
 
@@ -175,7 +187,7 @@ class Guard:
         scope = {**scope, "headers": headers}
         if not ok and scope["path"] not in OPEN_PATHS:
             self.metrics.local_error("unauthorized")
-            body = _error_body(
+            body = error_json(
                 "missing or incorrect rag-opt proxy key: send it as 'Authorization: Bearer <key>' or "
                 "'X-RagOpt-Api-Key: <key>'",
                 "invalid_request_error",
@@ -191,7 +203,7 @@ class Guard:
                     raise ValueError
             except ValueError:
                 self.metrics.local_error("invalid_request")
-                body = _error_body("invalid Content-Length header", "invalid_request_error", "invalid_request")
+                body = error_json("invalid Content-Length header", "invalid_request_error", "invalid_request")
                 await _send_json(send, 400, body)
                 return
             if length > self.max_body_bytes:
@@ -202,7 +214,8 @@ class Guard:
 
 
 def too_large_body(limit: int) -> bytes:
-    return _error_body(
+    """The 413 answer's body."""
+    return error_json(
         f"the request body exceeds the proxy's limit of {limit} bytes (--max-body-bytes)",
         "invalid_request_error",
         "request_too_large",

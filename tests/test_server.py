@@ -22,9 +22,10 @@ import httpx
 import openai
 import pytest
 
-from rag_opt.adapters.proxy.app import create_app
-from rag_opt.adapters.proxy.context import RequestError, plan_request
-from rag_opt.adapters.proxy.settings import ProxySettings
+from rag_opt.server.app import create_app
+from rag_opt.server.documents import plan_request
+from rag_opt.server.errors import RequestError
+from rag_opt.server.settings import ProxySettings
 from rag_opt.types import OptimizeResult, OutputDocument
 from tests.upstream_server import (
     ERROR_400,
@@ -623,7 +624,7 @@ def test_settings_from_environment_and_command_line():
     s = ProxySettings.from_sources({}, env)
     assert (s.upstream, s.ratio, s.time_budget_ms, s.port) == ("http://up:1/v1", 0.3, 250.0, 8000)
     s = ProxySettings.from_sources({"target_tokens": 500, "port": 9}, env)
-    assert s.budget == {"ratio": None, "target_tokens": 500, "threshold": None} and s.port == 9
+    assert s.budget.as_kwargs() == {"ratio": None, "target_tokens": 500, "threshold": None} and s.port == 9
     assert ProxySettings.from_sources({"upstream": "http://x"}, {}).ratio == 0.5
     with pytest.raises(ValueError, match=r"invalid ratio \(from RAG_OPT_RATIO\)"):
         ProxySettings.from_sources({}, {**env, "RAG_OPT_RATIO": "2"})
@@ -631,6 +632,37 @@ def test_settings_from_environment_and_command_line():
         ProxySettings.from_sources({}, {})
     secret = ProxySettings(upstream="http://x", upstream_api_key="sk-secret")
     assert "sk-secret" not in repr(secret) and "sk-secret" not in str(secret.model_dump())
+
+
+def test_serve_flags_are_generated_from_the_settings(capsys):
+    import argparse
+
+    from rag_opt.cli import build_parser
+    from rag_opt.server.settings import add_settings_arguments, settings_from_args
+
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser)
+    flags = {a.dest: a for a in parser._actions if a.dest != "help"}
+    assert set(flags) == set(ProxySettings.model_fields)  # one flag per setting, each with help text
+    assert all(a.help for a in flags.values())
+    assert flags["proxy_model"].option_strings == ["--model"]
+    assert flags["tool_messages"].option_strings == ["--no-tool-messages"]
+    assert flags["warmup"].option_strings == ["--no-warmup"]
+    assert flags["log_bodies"].option_strings == ["--log-bodies"]
+    assert flags["trust_remote_code"].option_strings == ["--trust-remote-code"]
+    args = parser.parse_args(["--upstream", "http://x/v1", "--model", "m.gguf", "--no-warmup", "--target-tokens", "9"])
+    env = {"RAG_OPT_RATIO": "0.3", "RAG_OPT_PORT": "9", "RAG_OPT_UPSTREAM": "http://env/v1"}
+    s = settings_from_args(args, env)  # the command line wins over the environment
+    assert (s.upstream, s.proxy_model, s.warmup, s.port) == ("http://x/v1", "m.gguf", False, 9)
+    assert s.budget.as_kwargs() == {"ratio": None, "target_tokens": 9, "threshold": None}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--ratio", "0.5", "--threshold", "0.2"])  # one budget at most
+    with pytest.raises(ValueError, match=r"invalid ratio \(from --ratio\)"):
+        settings_from_args(parser.parse_args(["--upstream", "http://x/v1", "--ratio", "2"]), {})
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    serve_help = capsys.readouterr().out
+    assert all(a.option_strings[0] in serve_help for a in flags.values())
 
 
 def test_serve_without_the_server_extra_says_what_to_install(monkeypatch, capsys):
@@ -643,7 +675,7 @@ def test_serve_without_the_server_extra_says_what_to_install(monkeypatch, capsys
 
 def test_importing_the_proxy_does_not_import_torch():
     code = (
-        "import sys, rag_opt.adapters.proxy.app, rag_opt.adapters.proxy.context; "
+        "import sys, rag_opt.server.app, rag_opt.server.documents; "
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

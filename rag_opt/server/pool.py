@@ -15,6 +15,9 @@ worker busy meanwhile, which the admission estimate accounts for. :class:`Budget
 
 Worker threads run at a lower CPU priority (``nice``, Linux) than the event loop: on a busy CPU, requests
 without context keep being served at full speed and optimizations take the time left over.
+
+Lighter work that must not stall the event loop either (parsing and rewriting large request bodies, checking
+large responses) goes through :func:`off_loop`: inline when small, else on one of anyio's worker threads.
 """
 
 from __future__ import annotations
@@ -30,27 +33,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from rag_opt.adapters.proxy.metrics import Metrics
+import anyio.to_thread
+
+from rag_opt.errors import ConfigurationError
+from rag_opt.server.errors import BudgetExceeded, Overloaded
+from rag_opt.server.metrics import Metrics
+
+__all__ = ["EWMA_ALPHA", "INLINE_BYTES", "OptimizerPool", "off_loop", "retry_after_s"]
 
 T = TypeVar("T")
 EWMA_ALPHA = 0.3
-
-
-class Overloaded(Exception):
-    """The job was not admitted: ``reason`` is ``queue_full`` or ``estimate``."""
-
-    def __init__(self, reason: str, estimate_s: float | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.estimate_s = estimate_s
-
-
-class BudgetExceeded(Exception):
-    """The time budget ran out while the job was ``queued`` (it never ran) or ``running`` (left to finish)."""
-
-    def __init__(self, stage: str) -> None:
-        super().__init__(stage)
-        self.stage = stage
+INLINE_BYTES = 256 * 1024  # inputs larger than this are handled on a worker thread by off_loop
 
 
 @dataclass
@@ -68,7 +61,7 @@ class OptimizerPool:
 
     def __init__(self, workers: int, max_queue: int, metrics: Metrics | None = None, nice: int = 0) -> None:
         if workers < 1 or max_queue < 0:
-            raise ValueError("workers must be >= 1 and max_queue >= 0")
+            raise ConfigurationError("workers must be >= 1 and max_queue >= 0")
         self.workers = workers
         self.max_queue = max_queue
         self.metrics = metrics or Metrics()
@@ -161,7 +154,8 @@ class OptimizerPool:
     async def run(self, fn: Callable[[], T], budget_s: float) -> T:
         """Run ``fn`` on a worker and return its result within ``budget_s`` seconds.
 
-        Raises :class:`Overloaded` (not admitted), :class:`BudgetExceeded` (the budget ran out) or whatever
+        Raises :class:`~rag_opt.server.errors.Overloaded` (not admitted),
+        :class:`~rag_opt.server.errors.BudgetExceeded` (the budget ran out) or whatever
         ``fn`` raised. If the awaiting task is cancelled (the client left), the job is abandoned the same way.
         """
         job: _Job[T] = _Job(fn, record=True)
@@ -206,3 +200,11 @@ def _consume(fut: asyncio.Future[Any]) -> None:
 def retry_after_s(estimate_s: float | None, budget_s: float) -> int:
     """A Retry-After value (whole seconds, at least 1) for an overloaded answer."""
     return max(1, math.ceil(estimate_s if estimate_s is not None else budget_s))
+
+
+async def off_loop(size: int, fn: Callable[[], T]) -> T:
+    """Run ``fn`` inline for small inputs (``size`` up to :data:`INLINE_BYTES`), on a worker thread for large
+    ones (the event loop never stalls)."""
+    if size <= INLINE_BYTES:
+        return fn()
+    return await anyio.to_thread.run_sync(fn)

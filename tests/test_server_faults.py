@@ -25,7 +25,8 @@ import httpx
 import openai
 import pytest
 
-from rag_opt.adapters.proxy.pool import BudgetExceeded, OptimizerPool, Overloaded
+from rag_opt.server.errors import BudgetExceeded, Overloaded
+from rag_opt.server.pool import OptimizerPool
 from tests.upstream_server import (
     FakeUpstream,
     ServerThread,

@@ -1,0 +1,29 @@
+"""The OpenAI-compatible HTTP proxy: optimizes the retrieved context inside chat requests and forwards them
+upstream.
+
+``rag-opt serve --upstream URL`` runs it; :func:`create_app` builds the ASGI app from :class:`ProxySettings`
+(needs the ``server`` extra: ``pip install 'rag-opt[server]'``). Nothing heavy is imported until used.
+
+Modules: :mod:`.app` (the ASGI app and its lifecycle), :mod:`.chat` (the chat completions flow),
+:mod:`.request` (reading a request and its per-request options), :mod:`.documents` (the context inside the
+messages, and writing it back), :mod:`.json_edit` (editing the JSON body in place), :mod:`.upstream`
+(forwarding and relaying), :mod:`.pool` (the optimizer's worker pool), :mod:`.state` (what one app holds),
+:mod:`.settings` (settings from the command line and environment), :mod:`.security`, :mod:`.metrics` and
+:mod:`.errors`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rag_opt._lazy import lazy_module
+
+__all__ = ["ProxySettings", "create_app"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.server.app import create_app
+    from rag_opt.server.settings import ProxySettings
+
+__getattr__, __dir__ = lazy_module(
+    __name__, {"create_app": "rag_opt.server.app", "ProxySettings": "rag_opt.server.settings"}
+)

@@ -1,0 +1,180 @@
+"""The OpenAI-compatible proxy as an ASGI app (Starlette): ``create_app(settings, optimizer=None)``.
+
+``POST /v1/chat/completions`` has its context optimized (:mod:`rag_opt.server.chat`) and is forwarded; every
+other ``/v1/...`` request is forwarded unchanged (:mod:`rag_opt.server.upstream`); ``GET /healthz`` and
+``GET /metrics`` answer locally.
+
+Reliability: optimization runs on a bounded worker pool with a bounded queue (:mod:`rag_opt.server.pool`), never
+on the event loop; a request that fails, exceeds the time budget or finds the optimizer overloaded is forwarded
+as it came (fail-open), or answered 429 when configured. Request bodies are size-limited (413), validated
+(OpenAI-style 400) and parsed off the event loop when large. A client that disconnects cancels its optimization
+and closes the upstream request. The proxy model loads at start-up on the pool; if it fails to load, the proxy
+serves in pass-through mode. Security: :mod:`rag_opt.server.security` (proxy key, access log, redaction).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from rag_opt.server.chat import ChatCompletions
+from rag_opt.server.errors import BodyTooLarge, error_response
+from rag_opt.server.metrics import CONTENT_TYPE
+from rag_opt.server.security import Guard, body_for_log, body_log, install_log_filters, redact_headers, too_large_body
+from rag_opt.server.settings import ProxySettings
+from rag_opt.server.state import Optimizer, ProxyState
+
+__all__ = ["create_app"]
+
+logger = logging.getLogger(__name__)
+
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+_WARMUP_QUERY = "What does the proxy load at start-up?"
+_WARMUP_DOCS = ["The proxy loads its model at start-up. Then the first request is fast. Nothing else happens."]
+
+
+def _warm_up(state: ProxyState) -> None:
+    """Load the proxy model (runs on the pool at start-up). On failure the proxy serves in pass-through mode."""
+    state.optimizer_state = "loading"
+    try:
+        state.optimizer.optimize(_WARMUP_QUERY, _WARMUP_DOCS, ratio=0.5)
+    except Exception as exc:  # the proxy still serves: requests are forwarded unoptimized
+        state.optimizer_state = "failed"
+        logger.error(
+            "the proxy model failed to load (%s: %s): serving in PASS-THROUGH mode, requests are forwarded "
+            "unoptimized (GET /healthz says so); fix the model settings and restart",
+            type(exc).__name__,
+            exc,
+        )
+    else:
+        state.optimizer_state = "ready"
+        logger.info("optimizer ready")
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, at most ``limit`` bytes (else :class:`~rag_opt.server.errors.BodyTooLarge`)."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def _guarded(
+    state: ProxyState, request: Request, route: str, handle: Callable[[bytes], Awaitable[Response]]
+) -> Response:
+    """Read the body, then run ``handle`` until it returns or the client disconnects (which cancels it:
+    a waiting optimization is dropped, an upstream request is closed)."""
+    state.metrics.request(route)
+    try:
+        raw = await _read_body(request, state.settings.max_body_bytes)
+    except BodyTooLarge:
+        state.metrics.local_error("too_large")
+        return Response(too_large_body(state.settings.max_body_bytes), 413, media_type="application/json")
+    except ClientDisconnect:
+        return Response(status_code=499)
+    if state.settings.log_bodies:
+        body_log.info(
+            "request %s %s %s body=%s",
+            request.method,
+            request.url.path,
+            redact_headers(request.headers.raw, state.secrets),
+            body_for_log(raw, state.secrets),
+        )
+    result: Response | None = None
+    async with anyio.create_task_group() as tg:
+
+        async def watch_disconnect() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch_disconnect)
+        result = await handle(raw)
+        tg.cancel_scope.cancel()
+    if result is None:  # the client left: nobody reads this
+        logger.info("client disconnected before the response started; request abandoned")
+        return Response(status_code=499)
+    return result
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        msg = f"unknown path {request.url.path}: rag-opt serves /v1/..., /healthz and /metrics"
+        return error_response(404, msg, "invalid_request_error", "not_found")
+    return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    # the frames, not the message: it may quote request content
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    logger.error("unexpected error (%s) at\n%s", type(exc).__name__, frames)
+    return error_response(500, "internal error in the rag-opt proxy", "server_error", None)
+
+
+def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> Starlette:
+    """The proxy app. ``optimizer``: anything with ``ContextOptimizer.optimize``'s signature (default: a
+    ``ContextOptimizer`` built from ``settings``; the model loads at start-up when ``settings.warmup``).
+
+    ``app.state.ragopt`` is the :class:`~rag_opt.server.state.ProxyState` (metrics, optimizer, settings, pool,
+    upstream).
+    """
+    state = ProxyState(settings, optimizer)
+    chat = ChatCompletions(state)
+    install_log_filters()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        _ = state.upstream.client
+        if settings.warmup:
+            state.optimizer_state = "loading"
+            state.pool.submit_background(lambda: _warm_up(state))
+        try:
+            yield
+        finally:
+            await state.aclose()
+
+    async def chat_completions(request: Request) -> Response:
+        return await _guarded(state, request, "chat_completions", lambda raw: chat.handle(request, raw))
+
+    async def passthrough(request: Request) -> Response:
+        return await _guarded(state, request, "passthrough", lambda raw: state.upstream.forward(request, raw, []))
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "optimizer": state.optimizer_state, "mode": state.mode})
+
+    async def metrics(request: Request) -> Response:
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    routes = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/{path:path}", passthrough, methods=_METHODS),
+    ]
+    key = settings.api_key.get_secret_value() if settings.api_key is not None else None
+    guard = Middleware(
+        Guard, api_key=key, max_body_bytes=settings.max_body_bytes, metrics=state.metrics, secrets=state.secrets
+    )
+    app = Starlette(
+        routes=routes,
+        middleware=[guard],
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error, Exception: _server_error},
+    )
+    app.state.ragopt = state
+    return app

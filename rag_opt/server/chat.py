@@ -1,0 +1,168 @@
+"""``POST /v1/chat/completions``: validate, find the context, optimize it on the worker pool, write it back in
+place, forward the request upstream.
+
+The flow never fails a request the optimizer could not help: a failure to find the context, an optimizer error,
+an exceeded time budget, an overloaded pool (with ``--on-overload fail-open``, the default) or a proxy model that
+failed to load all forward the request unoptimized (fail-open). Only an invalid request is answered locally (an
+OpenAI-style 400), and an overloaded pool with ``--on-overload reject`` (a 429 with ``Retry-After``). What
+happened is told by the ``x-ragopt-*`` response headers (:class:`Outcome`) and counted in the metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from rag_opt.server.documents import ContextPlan, plan_request
+from rag_opt.server.errors import BudgetExceeded, Overloaded, RequestError, error_response
+from rag_opt.server.pool import off_loop, retry_after_s
+from rag_opt.server.security import body_for_log, body_log
+from rag_opt.server.state import ProxyState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.types import OptimizeResult
+
+__all__ = ["ChatCompletions", "Outcome"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    """What rag-opt did with one chat request; becomes the ``x-ragopt-*`` response headers."""
+
+    status: str
+    tokens_before: int = 0
+    tokens_after: int = 0
+    optimizer_ms: float = 0.0
+    reason: str | None = None  # why it failed open
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        out = [
+            (b"x-ragopt-status", self.status.replace("_", "-").encode()),
+            (b"x-ragopt-tokens-before", str(self.tokens_before).encode()),
+            (b"x-ragopt-tokens-after", str(self.tokens_after).encode()),
+            (b"x-ragopt-optimizer-ms", f"{self.optimizer_ms:.1f}".encode()),
+        ]
+        if self.reason:
+            out.append((b"x-ragopt-reason", self.reason.encode()))
+        return out
+
+
+class ChatCompletions:
+    """The chat completions flow of one app (see the module docstring)."""
+
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
+
+    async def handle(self, request: Request, raw: bytes) -> Response:
+        """Answer one chat completion request whose body is ``raw``."""
+        state = self.state
+        prepared = await self._prepare(raw, request)
+        if isinstance(prepared, Response):
+            return prepared
+        body, outcome = prepared
+        state.metrics.outcome(outcome.status)
+        if state.settings.log_bodies and body != raw:
+            body_log.info("forwarded body=%s", body_for_log(body, state.secrets))
+        return await state.upstream.forward(request, body, outcome.headers())
+
+    async def _prepare(self, raw: bytes, request: Request) -> tuple[bytes, Outcome] | Response:
+        """The body to forward and what was done, or a local answer (400, 429)."""
+        state, s = self.state, self.state.settings
+        headers = request.headers
+        try:
+            plan = await off_loop(
+                len(raw),
+                lambda: plan_request(
+                    raw, headers, tag=s.document_tag, tool_messages=s.tool_messages, tool_min_chars=s.tool_min_chars
+                ),
+            )
+        except RequestError as exc:
+            state.metrics.outcome("rejected")
+            state.metrics.local_error("invalid_request")
+            return error_response(400, exc.message, "invalid_request_error", exc.code, exc.param)
+        except Exception as exc:  # a bug here must not reach the client
+            logger.warning("finding context failed (%s); forwarding the request unchanged", state.why(exc))
+            state.metrics.failed_open("error")
+            return raw, Outcome("fail_open", reason="error")
+        if not plan.options.enabled:
+            return await self._render(plan, None), Outcome("disabled")
+        if not plan.documents:
+            return await self._render(plan, None), Outcome("no_context")
+        if plan.query is None:
+            return await self._render(plan, None), Outcome("no_query")
+        if state.optimizer_state == "failed":
+            state.metrics.failed_open("unavailable")
+            return await self._render(plan, None), Outcome("fail_open", reason="unavailable")
+        t0 = time.perf_counter()
+        try:
+            result = await self._optimize(plan)
+        except Overloaded as exc:
+            state.metrics.shed_load(exc.reason)
+            if s.on_overload == "reject":
+                state.metrics.outcome("overloaded")
+                retry = retry_after_s(exc.estimate_s, s.time_budget_ms / 1e3)
+                return error_response(
+                    429,
+                    "rag-opt's optimizer is overloaded; retry later (the proxy runs with --on-overload reject)",
+                    "rate_limit_error",
+                    "ragopt_overloaded",
+                    headers={"retry-after": str(retry)},
+                )
+            logger.info("optimizer overloaded (%s); forwarding the request unoptimized", exc.reason)
+            return await self._fail_open(plan, "overload", t0)
+        except BudgetExceeded as exc:
+            state.metrics.timed_out(exc.stage)
+            logger.warning(
+                "optimization exceeded the %.0f ms time budget (%s); forwarding the request unoptimized",
+                s.time_budget_ms,
+                exc.stage,
+            )
+            return await self._fail_open(plan, "timeout", t0)
+        except Exception as exc:
+            logger.warning("optimization failed (%s); forwarding the request unoptimized", state.why(exc))
+            return await self._fail_open(plan, "error", t0)
+        ms = (time.perf_counter() - t0) * 1e3
+        try:
+            body = await off_loop(len(raw), lambda: plan.render(result))
+        except Exception as exc:
+            logger.warning("writing the optimized context back failed (%s); forwarding unchanged", state.why(exc))
+            return await self._fail_open(plan, "error", t0)
+        state.metrics.optimization(
+            ms / 1e3, result.tokens_before, result.tokens_after, len(plan.documents), len(result.documents)
+        )
+        return body, Outcome("optimized", result.tokens_before, result.tokens_after, ms)
+
+    async def _fail_open(self, plan: ContextPlan, reason: str, t0: float) -> tuple[bytes, Outcome]:
+        self.state.metrics.failed_open(reason)
+        ms = (time.perf_counter() - t0) * 1e3
+        return await self._render(plan, None), Outcome("fail_open", optimizer_ms=ms, reason=reason)
+
+    async def _render(self, plan: ContextPlan, result: OptimizeResult | None) -> bytes:
+        try:
+            return await off_loop(len(plan.raw), lambda: plan.render(result))
+        except Exception as exc:  # pragma: no cover - last resort: the original bytes
+            logger.warning("rewriting the request failed (%s); forwarding the original bytes", self.state.why(exc))
+            return plan.raw
+
+    async def _optimize(self, plan: ContextPlan) -> OptimizeResult:
+        """Run the optimizer on the pool within the time budget (raises Overloaded / BudgetExceeded / its error)."""
+        state = self.state
+        budget = plan.options.budget if plan.options.budget is not None else state.settings.budget
+        ordering = plan.options.ordering or state.settings.ordering
+        query, docs, optimizer = plan.query or "", plan.optimizer_documents(), state.optimizer
+
+        def job() -> OptimizeResult:
+            return optimizer.optimize(query, docs, ordering=ordering, **budget.as_kwargs())
+
+        state.metrics.add_in_flight(1)
+        try:
+            return await state.pool.run(job, state.settings.time_budget_ms / 1e3)
+        finally:
+            state.metrics.add_in_flight(-1)

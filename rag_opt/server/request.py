@@ -1,0 +1,230 @@
+"""Reading a chat completion request: its body's structure, and rag-opt's own per-request options.
+
+A body that is not UTF-8 JSON, not an object, or whose ``messages`` are missing or malformed is a client error
+(:class:`~rag_opt.server.errors.RequestError`, answered with an OpenAI-style 400); rag-opt validates only the
+structure it reads, everything else is the upstream's to validate.
+
+Per-request options come from the ``x-ragopt-*`` headers (``ratio``, ``target-tokens``, ``threshold``,
+``ordering``, ``disable``) and the ``rag_opt`` extension field (``query``, ``documents``, ``ratio``,
+``target_tokens``, ``threshold``, ``ordering``, ``placement``, ``enabled``), the field over the headers; a budget
+in the field replaces one in the headers.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from rag_opt.errors import InvalidInputError
+from rag_opt.server.errors import RequestError
+from rag_opt.types import Budget, Document, check_ordering, to_documents
+
+__all__ = ["EXTENSION_FIELD", "HEADER_PREFIX", "Options", "parse_body", "parse_request"]
+
+EXTENSION_FIELD = "rag_opt"
+HEADER_PREFIX = "x-ragopt-"
+_BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+_HEADERS = ("ratio", "target-tokens", "threshold", "ordering", "disable")
+
+
+@dataclass(frozen=True)
+class Options:
+    """Per-request settings: the ``rag_opt`` field over the ``x-ragopt-*`` headers; None = server default."""
+
+    budget: Budget | None = None
+    ordering: str | None = None
+    query: str | None = None
+    placement: str = "user"
+    enabled: bool = True
+
+
+class _Extension(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    documents: list[Any] | None = None
+    query: str | None = None
+    ratio: float | None = None
+    target_tokens: int | None = None
+    threshold: float | None = None
+    ordering: str | None = None
+    placement: Literal["user", "system"] = "user"
+    enabled: bool = True
+
+
+def _budget(ratio: Any, target_tokens: Any, threshold: Any, where: str) -> Budget:
+    try:
+        return Budget(ratio=ratio, target_tokens=target_tokens, threshold=threshold)
+    except InvalidInputError as exc:
+        raise RequestError(f"{where}: {exc}", param=where) from None
+
+
+def _check_ordering(ordering: str | None, where: str) -> None:
+    if ordering is None:
+        return
+    try:
+        check_ordering(ordering)
+    except InvalidInputError as exc:
+        raise RequestError(f"{where}: {exc}", param=where) from None
+
+
+def _header_options(headers: Mapping[str, str]) -> dict[str, Any]:
+    """Read the ``x-ragopt-*`` request headers (names case-insensitive); unknown ones are an error."""
+    found = {
+        k.lower()[len(HEADER_PREFIX) :]: v.strip() for k, v in headers.items() if k.lower().startswith(HEADER_PREFIX)
+    }
+    out: dict[str, Any] = {}
+    for name, value in found.items():
+        where = HEADER_PREFIX + name
+        if name not in _HEADERS:
+            raise RequestError(
+                f"unknown header {where}; rag-opt reads {', '.join(HEADER_PREFIX + h for h in _HEADERS)}"
+            )
+        try:
+            if name in ("ratio", "threshold"):
+                out[name] = float(value)
+            elif name == "target-tokens":
+                out["target_tokens"] = int(value)
+            elif name == "ordering":
+                out["ordering"] = value
+            elif value.lower() in _TRUE | _FALSE:
+                out["enabled"] = value.lower() not in _TRUE
+            else:
+                raise ValueError
+        except ValueError:
+            raise RequestError(f"{where}: invalid value {value!r}", param=where) from None
+    _budget(out.get("ratio"), out.get("target_tokens"), out.get("threshold"), "x-ragopt headers")
+    _check_ordering(out.get("ordering"), HEADER_PREFIX + "ordering")
+    return out
+
+
+def _extension(value: Any) -> tuple[_Extension, list[Document]]:
+    """Validate the ``rag_opt`` field; returns it and its documents."""
+    if not isinstance(value, dict):
+        raise RequestError(f"'{EXTENSION_FIELD}' must be an object, got {type(value).__name__}", EXTENSION_FIELD)
+    try:
+        ext = _Extension.model_validate(value)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join([EXTENSION_FIELD, *map(str, err["loc"])])
+        msg = "unknown field" if err["type"] == "extra_forbidden" else err["msg"]
+        raise RequestError(f"{where}: {msg}", param=where) from None
+    _budget(ext.ratio, ext.target_tokens, ext.threshold, EXTENSION_FIELD)
+    _check_ordering(ext.ordering, f"{EXTENSION_FIELD}.ordering")
+    if ext.query is not None and not ext.query.strip():
+        raise RequestError(f"{EXTENSION_FIELD}.query is empty", f"{EXTENSION_FIELD}.query")
+    docs: list[Document] = []
+    if ext.documents is not None:
+        try:
+            docs = to_documents(ext.documents)
+        except (TypeError, ValueError) as exc:
+            raise RequestError(f"{EXTENSION_FIELD}.{exc}", f"{EXTENSION_FIELD}.documents") from None
+    return ext, docs
+
+
+def parse_request(raw: bytes, headers: Mapping[str, str]) -> tuple[dict[str, Any], Options, list[Document]]:
+    """The decoded body of a chat completion request, its :class:`Options` and the documents of its ``rag_opt``
+    field (empty without one).
+
+    Raises :class:`~rag_opt.server.errors.RequestError` for an unknown or invalid ``x-ragopt-*`` header (checked
+    first), a body that is not a valid chat completion request (see :func:`parse_body`) or an invalid
+    ``rag_opt`` member."""
+    opts = _header_options(headers)
+    body = parse_body(raw)
+    docs: list[Document] = []
+    if EXTENSION_FIELD in body:
+        ext, docs = _extension(body[EXTENSION_FIELD])
+        if ext.ratio is not None or ext.target_tokens is not None or ext.threshold is not None:
+            for k in _BUDGET_FIELDS:
+                opts.pop(k, None)
+        opts.update(ext.model_dump(exclude={"documents"}, exclude_unset=True, exclude_none=True))
+    limits = {k: opts.pop(k) for k in _BUDGET_FIELDS if k in opts}
+    return body, Options(budget=Budget(**limits) if limits else None, **opts), docs
+
+
+def _check_messages(messages: Any) -> None:
+    """The structure rag-opt relies on: ``messages`` is a list of objects with a string ``role`` and a
+    ``content`` that is absent, null, a string or a list of objects (whose ``text``, for ``type: "text"``
+    parts, is a string). Everything else in the request is the upstream's to validate."""
+    if not isinstance(messages, list):
+        raise RequestError(
+            f"'messages' must be an array of message objects, got {_json_type(messages)}", "messages", "invalid_type"
+        )
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise RequestError(f"{where} must be an object, got {_json_type(m)}", where, "invalid_type")
+        if "role" not in m:
+            raise RequestError(f"{where}.role is missing", f"{where}.role", "missing_required_parameter")
+        if not isinstance(m["role"], str):
+            raise RequestError(
+                f"{where}.role must be a string, got {_json_type(m['role'])}", f"{where}.role", "invalid_type"
+            )
+        content = m.get("content")
+        if content is None or isinstance(content, str):
+            continue
+        if not isinstance(content, list):
+            raise RequestError(
+                f"{where}.content must be a string, an array of content parts or null, got {_json_type(content)}",
+                f"{where}.content",
+                "invalid_type",
+            )
+        for j, part in enumerate(content):
+            pwhere = f"{where}.content[{j}]"
+            if not isinstance(part, dict):
+                raise RequestError(f"{pwhere} must be an object, got {_json_type(part)}", pwhere, "invalid_type")
+            if part.get("type") == "text" and not isinstance(part.get("text"), str):
+                raise RequestError(
+                    f"{pwhere}.text must be a string, got {_json_type(part.get('text'))}",
+                    f"{pwhere}.text",
+                    "invalid_type",
+                )
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__  # pragma: no cover
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """Decode a chat completion request body; :class:`~rag_opt.server.errors.RequestError` (an OpenAI-style
+    400) when it is not UTF-8, not JSON, not an object, or its ``messages`` are missing or malformed (see
+    :func:`_check_messages`)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RequestError(
+            f"the request body is not valid UTF-8 (byte {exc.start}): send JSON encoded as UTF-8",
+            code="invalid_encoding",
+        ) from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RequestError(
+            f"the request body is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
+            code="invalid_json",
+        ) from None
+    except RecursionError:
+        raise RequestError("the request body is nested too deeply", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise RequestError(f"the request body must be a JSON object, got {_json_type(body)}", code="invalid_json")
+    if "messages" not in body:
+        raise RequestError("missing required parameter 'messages'", "messages", "missing_required_parameter")
+    _check_messages(body["messages"])
+    return body

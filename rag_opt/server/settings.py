@@ -1,0 +1,275 @@
+"""Settings of the OpenAI-compatible proxy, from command-line arguments and ``RAG_OPT_*`` environment variables.
+
+Precedence: command line > environment > defaults. Every field ``name`` has the environment variable
+``RAG_OPT_<NAME>`` (e.g. ``RAG_OPT_UPSTREAM``, ``RAG_OPT_RATIO``, ``RAG_OPT_UPSTREAM_API_KEY``,
+``RAG_OPT_PROXY_MODEL`` — the same variable the library reads for its default proxy model) and the command-line
+flag ``--<name>`` with dashes (``--proxy-model`` is ``--model``; a boolean that is on by default is turned off
+by ``--no-<name>``). :func:`add_settings_arguments` generates the flags from the model's fields,
+:func:`settings_from_args` reads them back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import types
+from collections.abc import Mapping
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+
+from rag_opt.errors import ConfigurationError
+from rag_opt.types import ORDERING_NAMES, Budget, check_ordering
+
+__all__ = [
+    "DEFAULT_RATIO",
+    "ENV_PREFIX",
+    "ProxySettings",
+    "add_settings_arguments",
+    "cli_flag",
+    "redact_url",
+    "settings_from_args",
+]
+
+ENV_PREFIX = "RAG_OPT_"
+DEFAULT_RATIO = 0.5
+_BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")
+
+
+def redact_url(url: str) -> str:
+    """``url`` without the user-info part (``http://user:secret@host`` -> ``http://***@host``), for logs."""
+    return re.sub(r"^(https?://)[^/@\s]*@", r"\1***@", url)
+
+
+class ProxySettings(BaseModel):
+    """Configuration of ``rag-opt serve``; each field's description is its command-line help.
+
+    The compression budget is one of ``ratio`` (default 0.5 when none is given), ``target_tokens`` or
+    ``threshold``; a request may override it (``rag_opt`` field or ``x-ragopt-*`` headers).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    upstream: str = Field(description="the upstream's OpenAI base URL, e.g. http://localhost:8080/v1 (required)")
+    host: str = Field(default="127.0.0.1", description="address to listen on")
+    port: int = Field(default=8000, ge=0, le=65535, description="port to listen on")
+    upstream_api_key: SecretStr | None = Field(
+        default=None, description="replace the clients' Authorization with this key; never logged"
+    )
+    # compression
+    ratio: float | None = Field(
+        default=None, gt=0, le=1, description=f"fraction of context tokens to keep, in (0, 1] (default {DEFAULT_RATIO})"
+    )
+    target_tokens: int | None = Field(default=None, ge=0, description="context token budget in the target LLM's tokens")
+    threshold: float | None = Field(
+        default=None, ge=0, le=1, description="keep sentences whose relevance probability is >= this"
+    )
+    ordering: str = Field(default="input", description=f"document ordering: {', '.join(ORDERING_NAMES)}")
+    target: str | None = Field(
+        default=None,
+        description="tokenizer of the upstream LLM, budgets are in its tokens: OpenAI model or tiktoken encoding "
+        "name, or hf:<id>",
+    )
+    proxy_model: str | None = Field(
+        default=None,
+        description="proxy model: Hugging Face id, local folder or .gguf (default: the embedded SmolLM2)",
+        json_schema_extra={"flag": "--model"},
+    )
+    device: str | None = Field(default=None, description="cuda, cpu, ... (default: cuda when available)")
+    dtype: str | None = Field(
+        default=None, description="proxy model dtype", json_schema_extra={"choices": ["float32", "bfloat16", "float16"]}
+    )
+    probe: str | None = Field(default="auto", description="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
+    # where context is found
+    document_tag: str = Field(
+        default="document",
+        description="context documents are <TAG ...>...</TAG> blocks",
+        json_schema_extra={"metavar": "TAG"},
+    )
+    tool_messages: bool = Field(default=True, description="optimize large tool/function result messages")
+    tool_min_chars: int = Field(default=2000, ge=1, description="a tool message is context from this many characters")
+    # behaviour
+    time_budget_ms: float = Field(
+        default=10_000.0, gt=0, description="optimizer time budget; over it the request is forwarded unoptimized"
+    )
+    max_concurrency: int = Field(default=1, ge=1, description="optimizations running at once (worker threads)")
+    max_queue: int = Field(default=8, ge=0, description="optimizations that may wait for a worker; beyond: overload")
+    on_overload: Literal["fail-open", "reject"] = Field(
+        default="fail-open",
+        description="when the optimizer is overloaded: forward unoptimized (fail-open) or answer 429 (reject)",
+    )
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1, description="larger request bodies get a 413")
+    optimizer_nice: int = Field(
+        default=10,
+        ge=0,
+        le=19,
+        description="run the optimizer threads this much lower in CPU priority than request handling (Linux; 0: off)",
+    )
+    connect_timeout: float = Field(default=10.0, gt=0, description="seconds to connect to the upstream")
+    read_timeout: float = Field(default=600.0, gt=0, description="seconds between bytes from the upstream")
+    warmup: bool = Field(default=True, description="load the proxy model at start-up, in the background")
+    trust_remote_code: bool = Field(default=False, description="let transformers run a hub proxy model's own code")
+    # security
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="proxy access key: clients send 'Authorization: Bearer KEY' or 'X-RagOpt-Api-Key: KEY'; never "
+        "logged, never forwarded",
+    )
+    log_bodies: bool = Field(default=False, description="log request and response bodies, credentials redacted")
+
+    @field_validator("upstream")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        v = v.strip()
+        if not re.match(r"^https?://[^/\s]+", v):
+            raise ConfigurationError(f"must be an http(s) URL such as http://localhost:8080/v1, got {v!r}")
+        return v.rstrip("/")
+
+    @field_validator("api_key", "upstream_api_key")
+    @classmethod
+    def _key(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and (not v.get_secret_value() or v.get_secret_value() != v.get_secret_value().strip()):
+            raise ConfigurationError("must be a non-empty key without surrounding whitespace")
+        if v is not None and not v.get_secret_value().isprintable():
+            raise ConfigurationError("must be printable characters")
+        return v
+
+    @field_validator("document_tag")
+    @classmethod
+    def _tag(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.:-]*", v):
+            raise ConfigurationError(f"must be a tag name such as 'document', got {v!r}")
+        return v
+
+    @field_validator("ordering")
+    @classmethod
+    def _ordering(cls, v: str) -> str:
+        return check_ordering(v)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_budget(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and all(data.get(k) is None for k in _BUDGET_FIELDS):
+            data = {**data, "ratio": DEFAULT_RATIO}
+        return data
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> ProxySettings:
+        _ = self.budget  # at most one of ratio, target_tokens and threshold
+        return self
+
+    @property
+    def budget(self) -> Budget:
+        """The default budget (a request may give its own)."""
+        return Budget(ratio=self.ratio, target_tokens=self.target_tokens, threshold=self.threshold)
+
+    @classmethod
+    def from_sources(cls, cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> ProxySettings:
+        """Build settings from command-line values (None = not given) over ``RAG_OPT_*`` environment variables.
+
+        A budget given on the command line replaces any budget from the environment. Raises
+        :class:`~rag_opt.errors.ConfigurationError` (a ``ValueError``) with one readable line per invalid
+        setting, naming where it came from.
+        """
+        env = os.environ if env is None else env
+        data: dict[str, Any] = {}
+        origin: dict[str, str] = {}
+        for name in cls.model_fields:
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None and raw.strip() != "":
+                data[name] = raw.strip()
+                origin[name] = ENV_PREFIX + name.upper()
+        cli_values = {k: v for k, v in (cli or {}).items() if v is not None}
+        if any(k in cli_values for k in _BUDGET_FIELDS):
+            for k in _BUDGET_FIELDS:
+                data.pop(k, None)
+        for k, v in cli_values.items():
+            data[k] = v
+            origin[k] = cli_flag(k) if k in cls.model_fields else k
+        if "upstream" not in data:
+            raise ConfigurationError(
+                "no upstream: pass --upstream URL or set RAG_OPT_UPSTREAM (e.g. http://localhost:8080/v1)"
+            )
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            lines = []
+            for err in exc.errors():
+                field = str(err["loc"][0]) if err["loc"] else ""
+                where = f"{field} (from {origin[field]})" if field in origin else field or "settings"
+                lines.append(f"invalid {where}: {err['msg'].removeprefix('Value error, ')}")
+            raise ConfigurationError("; ".join(lines)) from None
+
+
+# -- the command line -----------------------------------------------------------------------------------------------
+def _extra(info: FieldInfo) -> dict[str, Any]:
+    extra = info.json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
+def _base_type(annotation: Any) -> Any:
+    """``X`` of ``X | None``."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def cli_flag(name: str) -> str:
+    """The command-line flag of setting ``name``: ``--<name>`` with dashes, ``--no-<name>`` for a boolean that
+    is on by default, or the field's own (``--model`` for ``proxy_model``)."""
+    info = ProxySettings.model_fields[name]
+    flag = _extra(info).get("flag")
+    if isinstance(flag, str):
+        return flag
+    dashed = name.replace("_", "-")
+    return f"--no-{dashed}" if _base_type(info.annotation) is bool and info.default is True else f"--{dashed}"
+
+
+def _help(name: str, info: FieldInfo) -> str:
+    text = info.description or name.replace("_", " ")
+    base = _base_type(info.annotation)
+    if base is bool:
+        text = f"turn off (on by default): {text}" if info.default is True else f"{text} (off by default)"
+    elif not info.is_required() and info.default is not None:
+        default = info.default
+        shown = str(int(default)) if isinstance(default, float) and default.is_integer() else str(default)
+        text += f" (default: {shown})"
+    if base is SecretStr:
+        text += f" (prefer {ENV_PREFIX}{name.upper()}: the command line is visible to other users)"
+    return text.replace("%", "%%")
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one command-line flag per :class:`ProxySettings` field to ``parser`` (help: the field's description;
+    ``--ratio``, ``--target-tokens`` and ``--threshold`` exclude each other). A flag not given leaves its
+    attribute None, so :func:`settings_from_args` falls back to the environment, then the default."""
+    budget = parser.add_mutually_exclusive_group()
+    for name, info in ProxySettings.model_fields.items():
+        flag, base = cli_flag(name), _base_type(info.annotation)
+        target = budget if name in _BUDGET_FIELDS else parser
+        if base is bool:
+            target.add_argument(flag, dest=name, action="store_const", const=not info.default, help=_help(name, info))
+            continue
+        kwargs: dict[str, Any] = {
+            "dest": name,
+            "help": _help(name, info),
+            "type": base if base in (int, float) else str,
+        }
+        choices = list(get_args(base)) if get_origin(base) is Literal else _extra(info).get("choices")
+        if choices:
+            kwargs["choices"] = choices
+        else:
+            kwargs["metavar"] = _extra(info).get("metavar", flag.removeprefix("--").replace("-", "_").upper())
+        target.add_argument(flag, **kwargs)
+
+
+def settings_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> ProxySettings:
+    """:class:`ProxySettings` from the flags of :func:`add_settings_arguments` over the ``RAG_OPT_*``
+    environment variables (``env``, default ``os.environ``); raises
+    :class:`~rag_opt.errors.ConfigurationError` naming each invalid setting and where it came from."""
+    cli = {name: getattr(args, name, None) for name in ProxySettings.model_fields}
+    return ProxySettings.from_sources(cli, env)

@@ -1,0 +1,86 @@
+"""What one proxy app holds: settings, the optimizer and its state, metrics, the worker pool and the upstream."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from rag_opt.server.metrics import Metrics
+from rag_opt.server.pool import OptimizerPool
+from rag_opt.server.security import redact
+from rag_opt.server.settings import ProxySettings
+from rag_opt.server.upstream import Upstream
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.types import OptimizeResult
+
+__all__ = ["Optimizer", "ProxyState"]
+
+logger = logging.getLogger(__name__)
+
+
+class Optimizer(Protocol):
+    """What the proxy calls: :meth:`rag_opt.ContextOptimizer.optimize`."""
+
+    def optimize(
+        self,
+        query: str,
+        documents: Sequence[Any],
+        *,
+        ratio: float | None = None,
+        target_tokens: int | None = None,
+        threshold: float | None = None,
+        ordering: str | None = None,
+    ) -> OptimizeResult: ...
+
+
+class ProxyState:
+    """Everything one proxy app holds (``app.state.ragopt``).
+
+    ``optimizer_state`` is ``cold`` (not loaded), ``loading``, ``ready`` or ``failed`` (the proxy model did not
+    load: the proxy serves in pass-through mode).
+    """
+
+    def __init__(self, settings: ProxySettings, optimizer: Optimizer | None) -> None:
+        self.settings = settings
+        if optimizer is None:
+            from rag_opt.pipeline import ContextOptimizer
+
+            optimizer = ContextOptimizer(
+                model=settings.proxy_model,
+                target=settings.target,
+                device=settings.device,
+                dtype=settings.dtype,
+                probe=None if settings.probe == "none" else settings.probe,
+                ordering=settings.ordering,
+                trust_remote_code=settings.trust_remote_code,
+            )
+        self.optimizer: Optimizer = optimizer
+        self.optimizer_state = "cold"
+        self.secrets = tuple(
+            k.get_secret_value() for k in (settings.api_key, settings.upstream_api_key) if k is not None
+        )
+        self.metrics = Metrics()
+        self.pool = OptimizerPool(settings.max_concurrency, settings.max_queue, self.metrics, settings.optimizer_nice)
+        self.metrics.pool_gauges = self.pool.gauges
+        self.metrics.optimizer_state = lambda: self.optimizer_state
+        self.upstream = Upstream(settings, self.metrics, self.secrets)
+
+    @property
+    def mode(self) -> str:
+        """``pass-through`` when the proxy model failed to load, else ``optimizing``."""
+        return "pass-through" if self.optimizer_state == "failed" else "optimizing"
+
+    def why(self, exc: BaseException) -> str:
+        """An exception for a log line: its type, and its message (which may quote request content) only with
+        ``--log-bodies``, redacted; the traceback then at debug level."""
+        if not self.settings.log_bodies:
+            return type(exc).__name__
+        logger.debug("traceback", exc_info=exc)
+        return f"{type(exc).__name__}: {redact(str(exc), self.secrets)}"
+
+    async def aclose(self) -> None:
+        """Close the upstream client and stop the worker pool."""
+        await self.upstream.aclose()
+        self.pool.shutdown()

@@ -1,0 +1,278 @@
+"""Forwarding requests to the upstream LLM server and relaying its responses.
+
+One shared ``httpx.AsyncClient`` per app. A forwarded request keeps the client's method, path below ``/v1``,
+query string, headers and body, less hop-by-hop headers, ``Host``/``Content-Length``/``Expect`` (the body was
+read already), rag-opt's own ``x-ragopt-*`` headers, and the client's credentials when ``--upstream-api-key``
+replaces them. Upstream responses (status, headers, body bytes) are relayed as they arrive, so streamed
+server-sent events reach the client chunk by chunk; a successful JSON response that is not too large is checked
+first, so that an upstream sending invalid JSON becomes a 502 rather than a corrupt answer. Upstream failures
+are OpenAI-style 502/504 answers; a client that disconnects closes the upstream request.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import zlib
+from collections.abc import AsyncIterator, Sequence
+
+import anyio
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from rag_opt.server.errors import error_response
+from rag_opt.server.metrics import Metrics
+from rag_opt.server.pool import off_loop
+from rag_opt.server.security import body_for_log, body_log, redact_headers
+from rag_opt.server.settings import ProxySettings
+
+__all__ = ["HOP_BY_HOP", "VALIDATE_BYTES", "Upstream"]
+
+logger = logging.getLogger(__name__)
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+_NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect"}  # the body was read already
+_HTTPX_DEFAULTS = ("accept", "accept-encoding", "user-agent")  # httpx adds these; a proxy must not
+VALIDATE_BYTES = 16 * 1024 * 1024  # successful JSON responses up to this size are checked before relaying
+
+
+def _connection_listed(values: list[str]) -> set[str]:
+    return {t.strip().lower() for v in values for t in v.split(",") if t.strip()}
+
+
+def _is_json(body: bytes, encoding: str) -> bool:
+    """Whether a (possibly gzip/deflate-encoded) response body is JSON; True when it cannot be checked."""
+    if encoding in ("gzip", "deflate", "x-gzip"):
+        d = zlib.decompressobj(wbits=47 if encoding != "deflate" else 15)  # 47: gzip or zlib header
+        try:
+            body = d.decompress(body, VALIDATE_BYTES * 4)
+            if d.unconsumed_tail:
+                return True  # too large to check: relay it
+        except zlib.error:
+            if encoding != "deflate":
+                return False
+            try:  # raw deflate (no zlib header)
+                body = zlib.decompressobj(wbits=-15).decompress(body, VALIDATE_BYTES * 4)
+            except zlib.error:
+                return False
+    elif encoding not in ("", "identity"):
+        return True
+    try:
+        json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+class _Relay(Response):
+    """Relays an upstream response: status, headers and the raw body bytes as they arrive (``prefix``: bytes
+    already read from it, ``chunks``: the rest).
+
+    A client disconnect closes the upstream response. An upstream failure after the headers were sent leaves
+    the response incomplete, so the server closes the connection and the client sees a broken stream (not a
+    clean, truncated one).
+    """
+
+    def __init__(
+        self,
+        upstream: httpx.Response,
+        headers: list[tuple[bytes, bytes]],
+        metrics: Metrics,
+        secrets: tuple[str, ...],
+        log_bodies: bool,
+        prefix: Sequence[bytes] = (),
+        chunks: AsyncIterator[bytes] | None = None,
+    ) -> None:
+        self.status_code = upstream.status_code
+        self.raw_headers = headers
+        self.background = None
+        self._upstream = upstream
+        self._metrics = metrics
+        self._secrets = secrets
+        self._prefix = prefix
+        self._chunks = chunks if chunks is not None else upstream.aiter_raw()
+        self._logged: list[bytes] | None = [] if log_bodies else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def watch_disconnect() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch_disconnect)
+                await self._relay(send)
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._upstream.aclose()
+            if self._logged is not None:
+                body_log.info(
+                    "response %s %s body=%s",
+                    self.status_code,
+                    redact_headers(self.raw_headers, self._secrets),
+                    body_for_log(b"".join(self._logged), self._secrets),
+                )
+
+    def _log(self, chunk: bytes) -> None:
+        if self._logged is not None and sum(map(len, self._logged)) < 4 * 65536:
+            self._logged.append(chunk)
+
+    async def _relay(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        for chunk in self._prefix:
+            self._log(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        try:
+            async for chunk in self._chunks:
+                if chunk:
+                    self._log(chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:
+            self._metrics.upstream_error("stream")
+            logger.warning("upstream response broke off (%s); closing the client connection", type(exc).__name__)
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class Upstream:
+    """The upstream LLM server of one app: its client (created on first use, closed by :meth:`aclose`) and
+    :meth:`forward`."""
+
+    def __init__(self, settings: ProxySettings, metrics: Metrics, secrets: tuple[str, ...]) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.secrets = secrets
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The one shared upstream client."""
+        if self._client is None:
+            s = self.settings
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(s.read_timeout, connect=s.connect_timeout, pool=s.connect_timeout),
+                # idle connections are dropped after 4 s, before common upstream keep-alive timeouts (uvicorn,
+                # hence vLLM and others: 5 s): the proxy never sends a request on a connection being closed
+                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=4.0),
+                follow_redirects=False,
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def url(self, scope: Scope) -> str:
+        """The upstream URL of a request: the upstream base URL, the path below ``/v1`` and the query string."""
+        raw_path = scope.get("raw_path") or scope["path"].encode()
+        path = raw_path.decode("latin-1")
+        rest = path[len("/v1") :] if path.startswith("/v1") else path
+        query = scope.get("query_string", b"").decode("latin-1")
+        return self.settings.upstream + rest + (f"?{query}" if query else "")
+
+    def request_headers(self, request: Request) -> list[tuple[bytes, bytes]]:
+        """The headers to forward (see the module docstring)."""
+        drop = _NOT_FORWARDED | _connection_listed(request.headers.getlist("connection"))
+        key = self.settings.upstream_api_key
+        if key is not None:
+            drop = drop | {"authorization", "api-key"}
+        out = [
+            (k, v)
+            for k, v in request.headers.raw
+            if (n := k.decode("latin-1").lower()) not in drop and not n.startswith("x-ragopt-")
+        ]
+        if key is not None:
+            out.append((b"authorization", f"Bearer {key.get_secret_value()}".encode("latin-1")))
+        return out
+
+    async def forward(self, request: Request, body: bytes, extra_headers: list[tuple[bytes, bytes]]) -> Response:
+        """Send the request upstream with ``body`` and relay the response as it arrives, with ``extra_headers``.
+
+        A successful JSON (not streamed) response is read first and checked: invalid JSON from the upstream is
+        a 502 rather than a corrupt answer, and an upstream that fails while sending it a clean 502/504.
+        """
+        headers = self.request_headers(request)
+        sent = {k.decode("latin-1").lower() for k, _ in headers}
+        req = self.client.build_request(request.method, self.url(request.scope), headers=headers, content=body or None)
+        for name in _HTTPX_DEFAULTS:
+            if name not in sent and name in req.headers:
+                del req.headers[name]
+        upstream: httpx.Response | None = None
+        try:
+            upstream = await self.client.send(req, stream=True)
+            chunks = upstream.aiter_raw()
+            prefix: list[bytes] = []
+            ctype = upstream.headers.get("content-type", "").split(";")[0].strip().lower()
+            declared = upstream.headers.get("content-length", "")
+            if (
+                200 <= upstream.status_code < 300
+                and ctype == "application/json"
+                and request.method != "HEAD"
+                and (not declared.isdigit() or int(declared) <= VALIDATE_BYTES)
+            ):
+                size = 0
+                async for chunk in chunks:
+                    prefix.append(chunk)
+                    size += len(chunk)
+                    if size > VALIDATE_BYTES:
+                        break
+                else:  # the whole body: check it
+                    whole = b"".join(prefix)
+                    encoding = upstream.headers.get("content-encoding", "").strip().lower()
+                    if not await off_loop(len(whole), functools.partial(_is_json, whole, encoding)):
+                        await upstream.aclose()
+                        self.metrics.upstream_error("invalid_response")
+                        logger.warning("upstream answered %s with invalid JSON (%d bytes)", upstream.status_code, size)
+                        return error_response(
+                            502,
+                            "the upstream LLM server returned an invalid JSON response",
+                            "upstream_error",
+                            "upstream_invalid_response",
+                        )
+        except httpx.TimeoutException as exc:
+            if upstream is not None:
+                await upstream.aclose()
+            self.metrics.upstream_error("timeout")
+            logger.warning("upstream timed out (%s)", type(exc).__name__)
+            return error_response(
+                504, "the upstream LLM server did not answer in time", "upstream_error", "upstream_timeout"
+            )
+        except httpx.HTTPError as exc:
+            if upstream is not None:
+                await upstream.aclose()
+            self.metrics.upstream_error("connect" if upstream is None else "stream")
+            logger.warning("upstream failed (%s: %s)", type(exc).__name__, exc)
+            return error_response(
+                502, "could not reach the upstream LLM server", "upstream_error", "upstream_unavailable"
+            )
+        except BaseException:  # cancelled (the client left): close the upstream request
+            if upstream is not None:
+                with anyio.CancelScope(shield=True):
+                    await upstream.aclose()
+            raise
+        self.metrics.upstream_response(upstream.status_code)
+        drop = HOP_BY_HOP | _connection_listed(upstream.headers.get_list("connection"))
+        out = [(k.lower(), v) for k, v in upstream.headers.raw if k.decode("latin-1").lower() not in drop]
+        return _Relay(
+            upstream, out + extra_headers, self.metrics, self.secrets, self.settings.log_bodies, prefix, chunks
+        )
