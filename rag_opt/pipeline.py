@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rag_opt.compressors.base import Scorer, Scores
@@ -180,46 +181,92 @@ class ContextOptimizer:
         budget: Budget | None = None,
     ) -> OptimizeResult:
         """Optimize ``documents`` for ``query``; per-call settings override the optimizer's defaults."""
-        t0, timings = time.perf_counter(), Timings()
-        query = _check_query(query)
+        budget = _budget(ratio, target_tokens, threshold, budget)
+        return self.optimize_batch([query], [documents], ordering=ordering, budget=budget)[0]
+
+    def optimize_batch(
+        self,
+        queries: Sequence[str],
+        documents: Sequence[Sequence[DocumentLike]],
+        *,
+        ratio: float | None = None,
+        target_tokens: int | None = None,
+        threshold: float | None = None,
+        ordering: OrderingName | str | None = None,
+        budget: Budget | None = None,
+    ) -> list[OptimizeResult]:
+        """:meth:`optimize` for several questions, each with its documents, scored together: contexts share
+        forward passes of the proxy (sorted by length to limit padding). The results equal those of one call each
+        (up to float rounding in the scores); ``timings.score_ms`` is the shared scoring time."""
+        if isinstance(queries, str) or len(queries) != len(documents):
+            raise InvalidInputError("optimize_batch needs a list of queries and a list of document lists, as long")
+        t0 = time.perf_counter()
         budget = _budget(ratio, target_tokens, threshold, budget) or self.budget
         orderer = self.orderer(ordering or self.ordering)
-        docs = _check_documents(documents)
-        with _timed(timings, "segment_ms"):
-            units = UnitTable.build(docs, self.counter.count, self.language)
-        limit = budget.tokens(units.tokens_before)
-        shrink = budget.compresses and (limit is None or limit < units.tokens_before)
-        scores = self._score(query, units, timings) if shrink or orderer.reorders else None
-        with _timed(timings, "select_ms"):
+        jobs = [_Job(_check_query(q), _check_documents(d)) for q, d in zip(queries, documents, strict=True)]
+        for job in jobs:  # segment
+            with _timed(job.timings, "segment_ms"):
+                job.units = UnitTable.build(job.docs, self.counter.count, self.language)
+            job.limit = budget.tokens(job.units.tokens_before)
+            job.shrink = budget.compresses and (job.limit is None or job.limit < job.units.tokens_before)
+        self._score([job for job in jobs if job.shrink or orderer.reorders])  # score
+        return [self._finish(job, budget, orderer, t0) for job in jobs]
+
+    def _score(self, jobs: list[_Job]) -> None:
+        if not jobs:
+            return
+        scorer = self.scorer()  # loading the model is not part of the score stage's timing
+        t = time.perf_counter()
+        batch = getattr(scorer, "score_batch", None)
+        if batch is not None and len(jobs) > 1:
+            scores = batch([j.query for j in jobs], [j.units for j in jobs])
+        else:
+            scores = [scorer.score(j.query, j.units) for j in jobs]
+        for job, sc in zip(jobs, scores, strict=True):
+            job.scores = sc
+            job.timings.score_ms = (time.perf_counter() - t) * 1e3
+
+    def _finish(self, job: _Job, budget: Budget, orderer: Orderer, t0: float) -> OptimizeResult:
+        """select → order → render for one scored job."""
+        units, scores = job.units, job.scores
+        with _timed(job.timings, "select_ms"):
             selection = select(
                 units,
                 scores.unit if scores is not None else None,
                 self.counter.count,
-                limit=limit if shrink else None,
-                threshold=budget.threshold if shrink else None,
+                limit=job.limit if job.shrink else None,
+                threshold=budget.threshold if job.shrink else None,
                 options=self.selection_options,
             )
-        with _timed(timings, "order_ms"):
-            ordering_ = _order(query, orderer, units, scores, selection)
-        timings.total_ms = (time.perf_counter() - t0) * 1e3
-        warnings = (_score_warnings(scores, orderer) if scores is not None else []) + ordering_.warnings
+        with _timed(job.timings, "order_ms"):
+            ordering = _order(job.query, orderer, units, scores, selection)
+        job.timings.total_ms = (time.perf_counter() - t0) * 1e3
+        warnings = (_score_warnings(scores, orderer) if scores is not None else []) + ordering.warnings
         return render_result(
-            query,
+            job.query,
             units,
             scores,
             selection,
-            ordering_.permutation,
+            ordering.permutation,
             ordering=orderer.name,  # type: ignore[arg-type]
-            token_budget=limit,
+            token_budget=job.limit,
             target_tokenizer=self.counter.name,
-            timings=timings,
+            timings=job.timings,
             warnings=warnings,
         )
 
-    def _score(self, query: str, units: UnitTable, timings: Timings) -> Scores:
-        scorer = self.scorer()  # loading the model is not part of the score stage's timing
-        with _timed(timings, "score_ms"):
-            return scorer.score(query, units)
+
+@dataclass
+class _Job:
+    """One question's way through the stages inside :meth:`ContextOptimizer.optimize_batch`."""
+
+    query: str
+    docs: list[Document]
+    timings: Timings = field(default_factory=Timings)
+    units: UnitTable = field(init=False)
+    limit: int | None = None
+    shrink: bool = False
+    scores: Scores | None = None
 
 
 def _budget(

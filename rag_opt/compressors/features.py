@@ -153,19 +153,21 @@ def lexical_features(question: str, units: UnitTable, unit_tokens: np.ndarray) -
     return out.astype(np.float32)
 
 
-def _check_model(layout: FeatureLayout, attn: AttentionFeatures) -> None:
-    if (attn.num_layers, attn.num_heads) != (layout.num_layers, layout.num_heads):
+def _fit(layout: FeatureLayout, attn: AttentionFeatures) -> AttentionFeatures:
+    """The features of the layers ``layout`` reads (its first ``num_layers``); refuse a model that has fewer."""
+    if attn.num_layers < layout.num_layers or attn.num_heads != layout.num_heads:
         raise ProbeMismatchError(
             f"feature layout expects {layout.num_layers}×{layout.num_heads} layers×heads, the proxy model "
             f"gives {attn.num_layers}×{attn.num_heads}"
         )
+    return attn.first_layers(layout.num_layers)
 
 
 def build_features(layout: FeatureLayout, attn: AttentionFeatures, question: str, units: UnitTable) -> np.ndarray:
     """Feature matrix (n_units, layout.size) for every unit of the context (candidates and others)."""
     if layout.level != "unit":
         raise ValueError(f"build_features needs a unit-level layout, got level {layout.level!r}")
-    _check_model(layout, attn)
+    attn = _fit(layout, attn)
     n = attn.unit.shape[0]
     doc_of = units.doc
     n_docs = max(units.n_docs, 1)
@@ -199,13 +201,15 @@ def build_doc_features(
     """
     if layout.level != "document":
         raise ValueError(f"build_doc_features needs a document-level layout, got level {layout.level!r}")
-    _check_model(layout, attn)
+    attn = _fit(layout, attn)
     n = attn.doc_mass.shape[0]
     if len(doc_texts) != n:
         raise ValueError(f"{len(doc_texts)} document texts for attention over {n} documents")
     if attn.windows != 1:
         raise ValueError("document features need the whole context in one forward pass (windows == 1)")
     mass = attn.doc_mass.astype(np.float64)
+    if baseline is not None:
+        baseline = baseline[:, :, : layout.num_layers]  # a profile covers every layer; the probe reads the first
     calibrated = [b for b in layout.blocks if b.startswith(("doc_cal_", "doc_ratio_"))]
     if calibrated and baseline is None:
         raise ValueError(f"feature block {calibrated[0]!r} needs a calibration profile")

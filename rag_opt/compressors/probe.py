@@ -59,6 +59,8 @@ class Probe:
         return 1.0 / (1.0 + np.exp(-z))
 
     def check_compatible(self, model: str, num_layers: int, num_heads: int) -> None:
+        """Refuse a probe of another prompt template, model or head count. A probe may use fewer layers than
+        the model has: it reads the first ``layout.num_layers`` (early exit stops the forward pass there)."""
         from rag_opt.models.prompt import TEMPLATE_ID
 
         template = self.metadata.get("template")
@@ -67,7 +69,7 @@ class Probe:
                 f"probe was trained with prompt template {template!r}, rag-opt now renders {TEMPLATE_ID!r}: "
                 "retrain it with `rag-opt train-probe`"
             )
-        if (self.layout.num_layers, self.layout.num_heads) != (num_layers, num_heads):
+        if self.layout.num_layers > num_layers or self.layout.num_heads != num_heads:
             raise ProbeMismatchError(
                 f"probe for {self.model!r} expects {self.layout.num_layers} layers × {self.layout.num_heads} "
                 f"heads, but proxy model {model!r} has {num_layers} × {num_heads}: train a probe for this "

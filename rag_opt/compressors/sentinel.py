@@ -15,6 +15,7 @@ probe's probability over position-calibrated per-head attention (:mod:`rag_opt.c
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,8 +24,8 @@ from rag_opt.compressors.base import Scores
 from rag_opt.compressors.doc_relevance import document_relevance
 from rag_opt.compressors.features import build_features
 from rag_opt.compressors.probe import Probe, shipped_probe
-from rag_opt.errors import ProbeMismatchError
-from rag_opt.models.extract import extract
+from rag_opt.errors import InvalidInputError, ProbeMismatchError
+from rag_opt.models.extract import AttentionFeatures, extract, extract_batch
 from rag_opt.orderers.profiles import PositionProfile, ProfileStore
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -106,9 +107,29 @@ class SentinelCompressor:
     def model_name(self) -> str:
         return self.proxy.name
 
+    @property
+    def layers(self) -> int:
+        """How many layers the forward pass runs: the deepest layer any probe in use reads (early exit), or all
+        of them for raw attention."""
+        if self.probe is None:
+            return self.proxy.num_layers
+        depths = [p.layout.num_layers for p in (self.probe, self.doc_probe) if p is not None]
+        return max(depths)
+
     def score(self, question: str, units: UnitTable) -> Scores:
+        attn = extract(self.proxy, units.by_document(), question, max_tokens=self.max_tokens, layers=self.layers)
+        return self._scores(attn, question, units)
+
+    def score_batch(self, questions: Sequence[str], tables: Sequence[UnitTable]) -> list[Scores]:
+        """:meth:`score` for several contexts, several per forward pass (sorted by length, padded)."""
+        if len(questions) != len(tables):
+            raise InvalidInputError(f"{len(questions)} questions for {len(tables)} contexts")
+        contexts = [(t.by_document(), q) for q, t in zip(questions, tables, strict=True)]
+        feats = extract_batch(self.proxy, contexts, max_tokens=self.max_tokens, layers=self.layers)
+        return [self._scores(a, q, t) for a, q, t in zip(feats, questions, tables, strict=True)]
+
+    def _scores(self, attn: AttentionFeatures, question: str, units: UnitTable) -> Scores:
         docs = units.by_document()
-        attn = extract(self.proxy, docs, question, max_tokens=self.max_tokens)
         if self.probe is not None:
             feats = build_features(self.probe.layout, attn, question, units)
             unit_scores = self.probe.predict_proba(feats)

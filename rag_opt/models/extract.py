@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rag_opt.errors import InvalidInputError
-from rag_opt.models.capture import Capture, capturing
+from rag_opt.models.capture import Capture, CaptureItem, StopForward, capturing
 from rag_opt.models.prompt import ANSWER_SUFFIX, CONTEXT_PREFIX, QUESTION_PREFIX, VIEWS, PromptLayout, render_prompt
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.models.loader import ProxyModel
 
-__all__ = ["AttentionFeatures", "extract"]
+__all__ = ["AttentionFeatures", "extract", "extract_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,16 @@ class AttentionFeatures:
     @property
     def num_heads(self) -> int:
         return int(self.unit.shape[3])
+
+    def first_layers(self, k: int) -> AttentionFeatures:
+        """The features of the first ``k`` layers only (what an early exit after layer ``k`` reads)."""
+        if not 1 <= k <= self.num_layers:
+            raise InvalidInputError(f"cannot take {k} layers of features with {self.num_layers}")
+        if k == self.num_layers:
+            return self
+        return AttentionFeatures(
+            self.unit[:, :, :k], self.doc_mass[:, :, :k], self.unit_tokens, self.context_tokens, self.windows
+        )
 
 
 def _token_units(offsets: list[tuple[int, int]], layout: PromptLayout) -> tuple[list[int], list[int], list[int]]:
@@ -74,41 +84,79 @@ def _token_units(offsets: list[tuple[int, int]], layout: PromptLayout) -> tuple[
     return ctx_pos, unit_of, q_rows
 
 
-def _run_window(proxy: ProxyModel, docs: Sequence[Sequence[str]], question: str) -> tuple[np.ndarray, np.ndarray, int]:
-    """One forward pass. Returns (unit sums (U, V, L, H), unit token counts (U,), context tokens)."""
-    import torch
+@dataclass(frozen=True)
+class _Prompt:
+    """One forward-pass prompt: a window of one context, tokenized, with what to read from it."""
 
-    layout = render_prompt(docs, question)
+    context: int
+    window: list[tuple[int, int, int]]
+    ids: list[int]
+    ctx_pos: list[int]
+    unit_of: list[int]
+    q_rows: list[int]
+    n_units: int
+
+
+def _prompt(
+    proxy: ProxyModel, context: int, window: list[tuple[int, int, int]], docs: Sequence[Sequence[str]], question: str
+) -> _Prompt:
+    layout = render_prompt([docs[d][a:b] for d, a, b in window], question)
     enc = proxy.tokenizer(layout.text, return_offsets_mapping=True, add_special_tokens=True)
-    ids: list[int] = list(enc["input_ids"])
     offsets: list[tuple[int, int]] = [(int(s), int(e)) for s, e in enc["offset_mapping"]]
     ctx_pos, unit_of, q_rows = _token_units(offsets, layout)
-    n_units = len(layout.unit_spans)
-    last = len(ids) - 1
-    rows = q_rows + [last]
+    return _Prompt(context, window, list(enc["input_ids"]), ctx_pos, unit_of, q_rows, len(layout.unit_spans))
+
+
+def _run_prompts(
+    proxy: ProxyModel, prompts: Sequence[_Prompt], layers: int
+) -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """One forward pass over a batch of prompts (right-padded), stopping after ``layers`` layers.
+
+    Returns per prompt (unit sums (U, V, layers, H), unit token counts (U,), context tokens).
+    """
+    import torch
+
     dev = proxy.device
-    capture = Capture(
-        ctx_pos=torch.tensor(ctx_pos, dtype=torch.long, device=dev),
-        unit_of_ctx=torch.tensor(unit_of, dtype=torch.long, device=dev),
-        n_units=n_units,
-        q_rows=torch.tensor(rows, dtype=torch.long, device=dev),
-        n_question_rows=len(q_rows),
-        sums={},
-    )
+    items = [
+        CaptureItem(
+            ctx_pos=torch.tensor(p.ctx_pos, dtype=torch.long, device=dev),
+            unit_of_ctx=torch.tensor(p.unit_of, dtype=torch.long, device=dev),
+            n_units=p.n_units,
+            q_rows=torch.tensor(p.q_rows + [len(p.ids) - 1], dtype=torch.long, device=dev),
+            n_question_rows=len(p.q_rows),
+        )
+        for p in prompts
+    ]
+    capture = Capture(items=items, stop_after=layers - 1 if layers < proxy.num_layers else None)
+    width = max(len(p.ids) for p in prompts)
+    pad = proxy.tokenizer.pad_token_id
+    pad = pad if pad is not None else proxy.tokenizer.eos_token_id or 0
+    ids = torch.tensor([p.ids + [pad] * (width - len(p.ids)) for p in prompts], device=dev)
+    kwargs: dict[str, object] = {}
+    if len(prompts) > 1:  # right padding: every prompt keeps its positions; the mask hides the padding
+        kwargs["attention_mask"] = torch.tensor(
+            [[1] * len(p.ids) + [0] * (width - len(p.ids)) for p in prompts], device=dev
+        )
     with capturing(capture), proxy.lock, torch.inference_mode():
-        # Only the attention rows are needed: stop before the LM head by running the base model.
+        # Only the attention rows are needed: stop before the LM head by running the base model, and stop
+        # after the last layer needed (early exit).
         base = getattr(proxy.model, "model", None) or proxy.model.base_model
-        base(input_ids=torch.tensor([ids], device=dev), use_cache=False)
-    n_layers = proxy.num_layers
-    if len(capture.sums) != n_layers:
+        try:
+            base(input_ids=ids, use_cache=False, **kwargs)
+        except StopForward:
+            pass
+    if len(capture.sums) != layers:
         raise RuntimeError(
-            f"captured attention from {len(capture.sums)} of {n_layers} layers: the proxy model's attention "
+            f"captured attention from {len(capture.sums)} of {layers} layers: the proxy model's attention "
             "does not dispatch through transformers' AttentionInterface"
         )
-    stacked = torch.stack([capture.sums[i] for i in range(n_layers)])  # (L, V, H, U)
-    unit_sums = stacked.permute(3, 1, 0, 2).cpu().numpy()  # (U, V, L, H)
-    counts = np.bincount(np.asarray(unit_of, dtype=np.int64), minlength=n_units)
-    return unit_sums, counts, len(ctx_pos)
+    out = []
+    for b, p in enumerate(prompts):
+        stacked = torch.stack([capture.sums[i][b] for i in range(layers)])  # (L, V, H, U)
+        unit_sums = stacked.permute(3, 1, 0, 2).cpu().numpy()  # (U, V, L, H)
+        counts = np.bincount(np.asarray(p.unit_of, dtype=np.int64), minlength=p.n_units)
+        out.append((unit_sums, counts, len(p.ctx_pos)))
+    return out
 
 
 def extract(
@@ -117,30 +165,76 @@ def extract(
     question: str,
     *,
     max_tokens: int = 2048,
+    layers: int | None = None,
 ) -> AttentionFeatures:
     """Attention features for every unit of ``docs`` (each a list of unit strings) given ``question``.
 
     Contexts longer than ``max_tokens`` proxy tokens are processed in windows of whole documents (a document
     longer than a window is split between units); every window repeats the question. Windows never exceed the
-    model's own context length.
+    model's own context length. ``layers``: run only the first this many layers (early exit; default all).
     """
-    if not question.strip():
-        raise InvalidInputError("question is empty")
-    windows = _plan_windows(proxy, docs, question, min(max_tokens, proxy.max_positions))
+    return extract_batch(proxy, [(docs, question)], max_tokens=max_tokens, layers=layers)[0]
+
+
+def extract_batch(
+    proxy: ProxyModel,
+    contexts: Sequence[tuple[Sequence[Sequence[str]], str]],
+    *,
+    max_tokens: int = 2048,
+    layers: int | None = None,
+    batch_tokens: int = 16384,
+) -> list[AttentionFeatures]:
+    """:func:`extract` for several ``(docs, question)`` contexts, several prompts per forward pass.
+
+    Prompts are sorted by length and padded into batches of at most ``batch_tokens`` tokens (padded size), which
+    keeps padding small; the features equal those of one-at-a-time calls up to float rounding.
+    """
+    depth = proxy.num_layers if layers is None else int(layers)
+    if not 1 <= depth <= proxy.num_layers:
+        raise InvalidInputError(f"layers must be in 1..{proxy.num_layers}, got {layers}")
+    prompts: list[_Prompt] = []
+    for c, (docs, question) in enumerate(contexts):
+        if not question.strip():
+            raise InvalidInputError("question is empty")
+        for window in _plan_windows(proxy, docs, question, min(max_tokens, proxy.max_positions)):
+            prompts.append(_prompt(proxy, c, window, docs, question))
+    results: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))
+    batch: list[int] = []
+    for i in [*order, -1]:
+        if batch and (i < 0 or len(prompts[i].ids) * (len(batch) + 1) > batch_tokens):
+            for j, res in zip(batch, _run_prompts(proxy, [prompts[j] for j in batch], depth), strict=True):
+                results[j] = res
+            batch = []
+        if i >= 0:
+            batch.append(i)
+    return [
+        _assemble(
+            contexts[c][0],
+            [(prompts[i], results[i]) for i in range(len(prompts)) if prompts[i].context == c],
+            depth,
+            proxy.num_heads,
+        )
+        for c in range(len(contexts))
+    ]
+
+
+def _assemble(
+    docs: Sequence[Sequence[str]],
+    windows: list[tuple[_Prompt, tuple[np.ndarray, np.ndarray, int]]],
+    n_layers: int,
+    n_heads: int,
+) -> AttentionFeatures:
     n_units = sum(len(u) for u in docs)
-    n_docs = len(docs)
-    L, H = proxy.num_layers, proxy.num_heads
-    unit = np.zeros((n_units, len(VIEWS), L, H), dtype=np.float32)
-    doc_mass = np.zeros((n_docs, len(VIEWS), L, H), dtype=np.float32)
+    unit = np.zeros((n_units, len(VIEWS), n_layers, n_heads), dtype=np.float32)
+    doc_mass = np.zeros((len(docs), len(VIEWS), n_layers, n_heads), dtype=np.float32)
     unit_tokens = np.zeros(n_units, dtype=np.int64)
     first_unit = np.cumsum([0] + [len(u) for u in docs])
     max_ctx = 0
-    for window in windows:
-        w_docs = [docs[d][a:b] for d, a, b in window]
-        sums, counts, n_ctx = _run_window(proxy, w_docs, question)
+    for prompt, (sums, counts, n_ctx) in windows:
         max_ctx = max(max_ctx, n_ctx)
         k = 0
-        for d, a, b in window:
+        for d, a, b in prompt.window:
             for j in range(a, b):
                 g = first_unit[d] + j
                 unit_tokens[g] = counts[k]
