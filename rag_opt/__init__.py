@@ -31,6 +31,7 @@ __all__ = [
     "ProfileMismatchError",
     "RagOptError",
     "Scorer",
+    "Tier",
     "Timings",
     "Unit",
     "optimize",
@@ -57,6 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
         OptimizeResult,
         OrderingName,
         OutputDocument,
+        Tier,
         Timings,
         Unit,
     )
@@ -71,7 +73,17 @@ _ERRORS = (
     "ProfileMismatchError",
     "RagOptError",
 )
-_TYPES = ("ORDERING_NAMES", "Budget", "Document", "OptimizeResult", "OrderingName", "OutputDocument", "Timings", "Unit")
+_TYPES = (
+    "ORDERING_NAMES",
+    "Budget",
+    "Document",
+    "OptimizeResult",
+    "OrderingName",
+    "OutputDocument",
+    "Tier",
+    "Timings",
+    "Unit",
+)
 
 __getattr__, __dir__ = lazy_module(
     __name__,

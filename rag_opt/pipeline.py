@@ -17,16 +17,19 @@ from typing import TYPE_CHECKING, Any
 from rag_opt.compressors.base import Scorer, Scores
 from rag_opt.compressors.selection import Selection, SelectionOptions, select
 from rag_opt.errors import ConfigurationError, InvalidInputError, InvalidInputTypeError
+from rag_opt.models.threads import ThreadPolicy
 from rag_opt.orderers.base import Orderer, OrdererResources, Ordering, OrderItem, make_orderer
 from rag_opt.render import render_result
 from rag_opt.text.tokens import TokenCounter, get_token_counter
 from rag_opt.text.units import UnitTable
 from rag_opt.types import (
+    TIERS,
     Budget,
     Document,
     DocumentLike,
     OptimizeResult,
     OrderingName,
+    Tier,
     Timings,
     check_ordering,
     to_documents,
@@ -65,6 +68,11 @@ class ContextOptimizer:
             relevance = its best sentence's score).
         calibrate: position-calibrate document relevance when a calibration profile exists for the number of
             documents (shipped for the embedded model at 10, 20 and 30; ``rag-opt calibrate`` adds others).
+        tier: ``"model"`` (the proxy's attention, or ``scorer``) or ``"lexical"`` (BM25 and lexical features
+            through the shipped lexical probe: no model, milliseconds); per call too.
+        threads: CPU threads per forward pass: ``"auto"`` (the cores free right now, see
+            :class:`~rag_opt.models.threads.ThreadPolicy`), a number, or a policy. Applies to the loaded model,
+            process-wide.
     """
 
     def __init__(
@@ -88,6 +96,8 @@ class ContextOptimizer:
         scorer: Scorer | None = None,
         doc_probe: str | None = "auto",
         calibrate: bool = True,
+        tier: Tier | str = "model",
+        threads: ThreadPolicy | int | str = "auto",
     ) -> None:
         self.budget = _budget(ratio, target_tokens, threshold, budget) or Budget()
         self.ordering: OrderingName = check_ordering(ordering)
@@ -104,7 +114,10 @@ class ContextOptimizer:
         self.language = language
         self.doc_probe = doc_probe
         self.calibrate = calibrate
+        self.tier: Tier = _check_tier(tier)
+        self.threads = threads if isinstance(threads, ThreadPolicy) else ThreadPolicy(threads)
         self._scorer: Scorer | None = scorer
+        self._lexical: Scorer | None = None
         self._orderers: dict[str, Orderer] = {}
         self._lock = threading.Lock()
 
@@ -141,7 +154,17 @@ class ContextOptimizer:
                     doc_probe=self.doc_probe,
                     profiles="auto" if self.calibrate else None,
                 )
+                self._scorer.proxy.threads = self.threads  # process-wide for this model (see ThreadPolicy)
             return self._scorer
+
+    def lexical_scorer(self) -> Scorer:
+        """The lexical tier's scorer (no model: BM25 and lexical features through the shipped lexical probe)."""
+        with self._lock:
+            if self._lexical is None:
+                from rag_opt.compressors.lexical_scorer import LexicalScorer
+
+                self._lexical = LexicalScorer()
+            return self._lexical
 
     def orderer(self, name: OrderingName | str) -> Orderer:
         """The orderer registered as ``name``, built once with what it needs (the proxy model, the profiles)."""
@@ -179,10 +202,11 @@ class ContextOptimizer:
         threshold: float | None = None,
         ordering: OrderingName | str | None = None,
         budget: Budget | None = None,
+        tier: Tier | str | None = None,
     ) -> OptimizeResult:
         """Optimize ``documents`` for ``query``; per-call settings override the optimizer's defaults."""
         budget = _budget(ratio, target_tokens, threshold, budget)
-        return self.optimize_batch([query], [documents], ordering=ordering, budget=budget)[0]
+        return self.optimize_batch([query], [documents], ordering=ordering, budget=budget, tier=tier)[0]
 
     def optimize_batch(
         self,
@@ -194,6 +218,7 @@ class ContextOptimizer:
         threshold: float | None = None,
         ordering: OrderingName | str | None = None,
         budget: Budget | None = None,
+        tier: Tier | str | None = None,
     ) -> list[OptimizeResult]:
         """:meth:`optimize` for several questions, each with its documents, scored together: contexts share
         forward passes of the proxy (sorted by length to limit padding). The results equal those of one call each
@@ -203,7 +228,8 @@ class ContextOptimizer:
         t0 = time.perf_counter()
         budget = _budget(ratio, target_tokens, threshold, budget) or self.budget
         orderer = self.orderer(ordering or self.ordering)
-        jobs = [_Job(_check_query(q), _check_documents(d)) for q, d in zip(queries, documents, strict=True)]
+        tier_ = _check_tier(tier or self.tier)
+        jobs = [_Job(_check_query(q), _check_documents(d), tier_) for q, d in zip(queries, documents, strict=True)]
         for job in jobs:  # segment
             with _timed(job.timings, "segment_ms"):
                 job.units = UnitTable.build(job.docs, self.counter.count, self.language)
@@ -215,7 +241,8 @@ class ContextOptimizer:
     def _score(self, jobs: list[_Job]) -> None:
         if not jobs:
             return
-        scorer = self.scorer()  # loading the model is not part of the score stage's timing
+        # loading the model is not part of the score stage's timing
+        scorer = self.lexical_scorer() if jobs[0].tier == "lexical" else self.scorer()
         t = time.perf_counter()
         batch = getattr(scorer, "score_batch", None)
         if batch is not None and len(jobs) > 1:
@@ -249,6 +276,7 @@ class ContextOptimizer:
             selection,
             ordering.permutation,
             ordering=orderer.name,  # type: ignore[arg-type]
+            tier=job.tier,
             token_budget=job.limit,
             target_tokenizer=self.counter.name,
             timings=job.timings,
@@ -262,6 +290,7 @@ class _Job:
 
     query: str
     docs: list[Document]
+    tier: Tier
     timings: Timings = field(default_factory=Timings)
     units: UnitTable = field(init=False)
     limit: int | None = None
@@ -281,6 +310,12 @@ def _budget(
             raise InvalidInputError("give the budget either as ratio/target_tokens/threshold or as budget=, not both")
         return budget
     return loose if loose.compresses else None
+
+
+def _check_tier(tier: object) -> Tier:
+    if tier not in TIERS:
+        raise InvalidInputError(f"unknown tier {tier!r}; use one of {', '.join(TIERS)}")
+    return tier  # type: ignore[return-value]
 
 
 def _check_query(query: object) -> str:

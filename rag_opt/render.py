@@ -23,6 +23,7 @@ def render_result(
     permutation: Sequence[int],
     *,
     ordering: OrderingName,
+    tier: str,
     token_budget: int | None,
     target_tokenizer: str,
     timings: Timings,
@@ -48,6 +49,7 @@ def render_result(
         proxy_model=scores.model if scores is not None else None,
         calibrated=scores.calibrated if scores is not None else False,
         ordering=ordering,
+        tier=tier if scores is not None else "none",  # type: ignore[arg-type]
         timings=timings,
         warnings=warnings,
     )

@@ -20,6 +20,8 @@ __all__ = [
     "OptimizeResult",
     "OrderingName",
     "OutputDocument",
+    "TIERS",
+    "Tier",
     "Timings",
     "Unit",
     "UnitKind",
@@ -34,6 +36,11 @@ OrderingName = Literal["input", "lost_in_the_middle", "relevance", "calibrated",
 ``relevance`` (best first), ``calibrated`` (best into the slots the proxy attends to most) or
 ``attention_sort`` (the proxy's attention sorts them)."""
 ORDERING_NAMES: tuple[str, ...] = get_args(OrderingName)
+
+Tier = Literal["model", "lexical"]
+"""Which scorer runs: ``model`` (the proxy model's attention, or the scorer given) or ``lexical`` (the lexical
+probe: BM25 and lexical features, no model, milliseconds)."""
+TIERS: tuple[str, ...] = get_args(Tier)
 
 
 def check_ordering(name: object) -> OrderingName:
@@ -240,6 +247,9 @@ class OptimizeResult(BaseModel):
         description="document scores are position-calibrated (document probe over calibrated attention)",
     )
     ordering: OrderingName = "input"
+    tier: Literal["model", "lexical", "none"] = Field(
+        default="none", description="which scorer tier ran: model, lexical, or none (nothing needed scoring)"
+    )
     timings: Timings = Field(default_factory=Timings)
     warnings: list[str] = Field(default_factory=list)
 

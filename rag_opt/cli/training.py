@@ -34,6 +34,7 @@ def register(sub: Any) -> None:
     p.add_argument("--cache", default=None, help="feature cache folder (default: <rag-opt cache>/features)")
     p.add_argument("--l2", type=float, default=None, help="L2 strength (default: chosen on held-out questions)")
     p.add_argument("--blocks", default=None, help="comma-separated feature blocks (default: all)")
+    _add_layers(p)
     add_model_args(p)
     p.set_defaults(handler=_train_probe)
 
@@ -47,8 +48,27 @@ def register(sub: Any) -> None:
     p.add_argument("--store", default=None, help="calibration profile folder (default <rag-opt cache>/calibration)")
     p.add_argument("--l2", type=float, default=None, help="L2 strength (default: chosen on held-out questions)")
     p.add_argument("--blocks", default=None, help="comma-separated document feature blocks")
+    _add_layers(p)
     add_model_args(p)
     p.set_defaults(handler=_train_doc_probe)
+
+    p = sub.add_parser("train-lexical-probe", help="train the lexical-tier probe on HotpotQA (no model needed)")
+    p.add_argument(
+        "--data", default=None, help="HotpotQA train JSONL(.gz) (default ../shared/data/hotpotqa/train.jsonl.gz)"
+    )
+    p.add_argument("--out", required=True, help="where to write the probe JSON")
+    p.add_argument("--limit", type=nonneg_int, help="use the first N questions (after shuffling; default all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=_train_lexical_probe)
+
+
+def _add_layers(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="train on the first N layers only: the forward pass stops there when the probe is used (early exit)",
+    )
 
 
 def _data(arg: str | None, *parts: str) -> str:
@@ -128,6 +148,7 @@ def _train_doc_probe(args: argparse.Namespace) -> int:
         store=args.store,
         l2=args.l2,
         blocks=_blocks(args.blocks),
+        layers=args.layers,
     )
     cv = report["cv_5fold"]
     print(
@@ -149,5 +170,16 @@ def _train_probe(args: argparse.Namespace) -> int:
         cache_root=_feature_cache(args.cache),
         l2=args.l2,
         blocks=_blocks(args.blocks),
+        layers=args.layers,
     )
+    return 0
+
+
+def _train_lexical_probe(args: argparse.Namespace) -> int:
+    from rag_opt.training.lexical_probe import train_lexical_probe
+
+    probe = train_lexical_probe(
+        _data(args.data, "hotpotqa", "train.jsonl.gz"), args.out, limit=args.limit, seed=args.seed
+    )
+    print(f"lexical probe written to {args.out}: {probe.metadata['trained_on']}, l2 {probe.metadata['l2']}")
     return 0

@@ -138,6 +138,8 @@ def _run_prompts(
             [[1] * len(p.ids) + [0] * (width - len(p.ids)) for p in prompts], device=dev
         )
     with capturing(capture), proxy.lock, torch.inference_mode():
+        if dev == "cpu":
+            proxy.threads.apply()
         # Only the attention rows are needed: stop before the LM head by running the base model, and stop
         # after the last layer needed (early exit).
         base = getattr(proxy.model, "model", None) or proxy.model.base_model

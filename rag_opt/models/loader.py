@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from rag_opt.errors import InvalidInputError, ModelNotFoundError
 from rag_opt.models.capture import ATTN_IMPLEMENTATION, register_attention
 from rag_opt.models.sources import ModelSource, resolve_source
+from rag_opt.models.threads import ThreadPolicy
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -42,7 +43,8 @@ def default_device() -> str:
 
 @dataclass
 class ProxyModel:
-    """A loaded proxy model with its tokenizer. ``lock`` serialises forward passes."""
+    """A loaded proxy model with its tokenizer. ``lock`` serialises forward passes; ``threads`` chooses the
+    CPU threads of each (:class:`~rag_opt.models.threads.ThreadPolicy`, ``"auto"`` by default)."""
 
     source: ModelSource
     model: PreTrainedModel
@@ -50,6 +52,7 @@ class ProxyModel:
     device: str
     dtype: torch.dtype
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    threads: ThreadPolicy = field(default_factory=ThreadPolicy)
 
     @property
     def name(self) -> str:

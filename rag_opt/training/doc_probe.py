@@ -251,8 +251,11 @@ def train_doc_probe_cli(
     store: str | None,
     l2: float | None,
     blocks: tuple[str, ...] | None,
+    layers: int | None = None,
 ) -> tuple[Probe, dict[str, Any]]:
-    """Extract (or reuse cached) NQ-train features for each N, train the document probe, write it as JSON."""
+    """Extract (or reuse cached) NQ-train features for each N, train the document probe, write it as JSON.
+
+    ``layers``: train on the first this many layers only (early exit)."""
     from rag_opt.models.loader import load_proxy_model
     from rag_opt.orderers.profiles import ProfileStore
 
@@ -279,7 +282,7 @@ def train_doc_probe_cli(
         features,
         profiles,
         model_name=proxy.name,
-        num_layers=proxy.num_layers,
+        num_layers=layers or proxy.num_layers,
         num_heads=proxy.num_heads,
         blocks=blocks or DEFAULT_DOC_BLOCKS,
         l2=l2,

@@ -162,8 +162,12 @@ def train_probe_cli(
     cache_root: str,
     l2: float | None,
     blocks: tuple[str, ...] | None,
+    layers: int | None = None,
 ) -> Probe:
-    """Extract (or reuse cached) features, train the probe and write it as JSON."""
+    """Extract (or reuse cached) features, train the probe and write it as JSON.
+
+    ``layers``: train on the first this many layers only (the forward pass then stops there: early exit).
+    """
     import time
 
     from rag_opt.compressors.features import DEFAULT_BLOCKS
@@ -172,7 +176,7 @@ def train_probe_cli(
     proxy = load_proxy_model(model)
     cache = extract_hotpot(data, cache_root, model=model, limit=limit, seed=seed)
     examples = read_hotpotqa(data, limit=limit, seed=seed)
-    layout = FeatureLayout(blocks or DEFAULT_BLOCKS, proxy.num_layers, proxy.num_heads)
+    layout = FeatureLayout(blocks or DEFAULT_BLOCKS, layers or proxy.num_layers, proxy.num_heads)
     feats = cache.load(ex.id for ex in examples)
     X, y, groups = build_training_set(examples, feats, layout)
     t = time.perf_counter()

@@ -1,0 +1,77 @@
+"""Training the lexical-tier probe (``rag-opt train-lexical-probe``): lexical features only, no forward pass.
+
+Examples and labels are those of the attention probe (:mod:`rag_opt.training.sentence_probe`): HotpotQA
+training questions, a sentence is positive when it is a supporting fact or contains the answer. Cheap enough to
+use every training question.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from rag_opt.compressors.features import FeatureLayout, lexical_features
+from rag_opt.compressors.lexical_scorer import LEXICAL_MODEL, word_counts
+from rag_opt.compressors.probe import Probe
+from rag_opt.errors import InvalidInputError
+from rag_opt.text.units import UnitTable
+from rag_opt.training.datasets import HotpotExample, read_hotpotqa
+from rag_opt.training.sentence_probe import choose_l2, fit_probe, unit_labels
+from rag_opt.training.units import hotpot_units
+
+__all__ = ["build_lexical_training_set", "train_lexical_probe"]
+
+logger = logging.getLogger(__name__)
+
+LAYOUT = FeatureLayout(("lexical",), 0, 0)
+
+
+def build_lexical_training_set(
+    examples: list[HotpotExample], *, progress: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(X, y, group) over the sentence units of every example."""
+    from tqdm.auto import tqdm
+
+    xs, ys, gs = [], [], []
+    for g, ex in enumerate(tqdm(examples, desc="lexical features", disable=not progress, mininterval=5.0)):
+        units = UnitTable.titled(hotpot_units(ex))
+        X = lexical_features(ex.question, units, word_counts(units))
+        labels = np.concatenate([[False, *lab] for lab in unit_labels(ex)])
+        xs.append(X[units.candidate])
+        ys.append(labels[units.candidate])
+        gs.append(np.full(int(units.candidate.sum()), g))
+    if not xs:
+        raise InvalidInputError("no training examples")
+    return np.concatenate(xs), np.concatenate(ys).astype(np.float64), np.concatenate(gs)
+
+
+def train_lexical_probe(
+    data: str | Path, out: str | Path, *, limit: int | None = None, seed: int = 0, progress: bool = True
+) -> Probe:
+    """Train the lexical probe on HotpotQA ``data`` (JSONL(.gz)) and write it to ``out`` as JSON."""
+    examples = read_hotpotqa(data, limit=limit, seed=seed)
+    X, y, groups = build_lexical_training_set(examples, progress=progress)
+    l2, losses = choose_l2(X, y, groups, seed=seed)
+    probe = fit_probe(
+        X,
+        y,
+        LAYOUT,
+        LEXICAL_MODEL,
+        l2=l2,
+        seed=seed,
+        meta={
+            "kind": "lexical tier (no model)",
+            "trained_on": f"{Path(data).parent.name}/{Path(data).name}: {len(examples)} questions, {len(y)} sentences",
+            "positives": int(y.sum()),
+            "labels": "supporting facts + sentences containing the answer (yes/no answers mark no sentence)",
+            "seed": seed,
+            "l2": l2,
+            "l2_heldout_logloss": {str(k): v for k, v in losses.items()},
+            "length_feature": "log1p(words)",
+        },
+    )
+    probe.save(out)
+    logger.info("lexical probe: %d questions, %d sentences, l2 %s -> %s", len(examples), len(y), l2, out)
+    return probe
