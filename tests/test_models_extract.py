@@ -71,3 +71,34 @@ def test_empty_question_is_refused(proxy):
 
     with pytest.raises(ValueError, match="question is empty"):
         extract(proxy, [["Some text."]], "  ")
+
+
+def _contexts(n: int) -> list[tuple[list[list[str]], str]]:
+    return [([[f"{t}\n", *s] for t, s in ex["context"]], ex["question"]) for ex in hotpot_dev(n)]
+
+
+def test_early_exit_reads_exactly_the_first_layers(proxy):
+    from rag_opt.models.extract import extract
+
+    docs, question = _contexts(1)[0]
+    full = extract(proxy, docs, question, max_tokens=8192)
+    early = extract(proxy, docs, question, max_tokens=8192, layers=12)
+    assert early.num_layers == 12 and full.num_layers == proxy.num_layers
+    assert np.array_equal(early.unit, full.unit[:, :, :12])  # the forward stops; lower layers are unchanged
+    assert np.array_equal(early.doc_mass, full.doc_mass[:, :, :12])
+    assert np.array_equal(full.first_layers(12).unit, early.unit)
+    with pytest.raises(ValueError, match="layers must be in 1"):
+        extract(proxy, docs, question, layers=proxy.num_layers + 1)
+
+
+def test_batched_extraction_equals_one_at_a_time(proxy):
+    from rag_opt.models.extract import extract, extract_batch
+
+    contexts = _contexts(3)
+    contexts.append((contexts[0][0][:4], "Which film came out first?"))  # a shorter prompt: padding in the batch
+    single = [extract(proxy, d, q, max_tokens=8192) for d, q in contexts]
+    batched = extract_batch(proxy, contexts, max_tokens=8192)
+    for a, b in zip(single, batched, strict=True):
+        assert a.unit.shape == b.unit.shape and a.windows == b.windows
+        np.testing.assert_allclose(b.unit, a.unit, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(b.doc_mass, a.doc_mass, rtol=1e-4, atol=1e-6)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 import rag_opt
@@ -140,3 +142,81 @@ def test_ordering_without_compression_scores_but_keeps_everything():
     assert sorted(d.index for d in r.documents) == [0, 1, 2, 3]
     assert [d.score for d in r.documents] == sorted((d.score for d in r.documents), reverse=True)
     assert all(d.text == docs[d.index]["text"] for d in r.documents)
+
+
+@pytest.mark.model
+def test_optimize_batch_equals_one_call_per_question():
+    from rag_opt.pipeline import ContextOptimizer
+
+    examples = hotpot_dev(3)
+    opt = ContextOptimizer()
+    questions = [ex["question"] for ex in examples]
+    documents = [hotpot_docs(ex) for ex in examples]
+    batched = opt.optimize_batch(questions, documents, ratio=1 / 3)
+    for q, docs, b in zip(questions, documents, batched, strict=True):
+        one = opt.optimize(q, docs, ratio=1 / 3)
+        assert [d.id for d in b.documents] == [d.id for d in one.documents]
+        assert [d.kept_spans for d in b.documents] == [d.kept_spans for d in one.documents]
+        assert b.tokens_after == one.tokens_after and b.tier == one.tier == "model"
+        for x, y in zip(b.documents, one.documents, strict=True):
+            np.testing.assert_allclose([u.score for u in x.units], [u.score for u in y.units], atol=1e-4)
+    with pytest.raises(ValueError, match="list of queries"):
+        opt.optimize_batch(questions, documents[:2], ratio=1 / 3)
+
+
+def test_lexical_tier_scores_without_any_model():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, rag_opt\n"
+        "from tests.helpers import hotpot_dev, hotpot_docs\n"
+        "ex = hotpot_dev(1)[0]\n"
+        "r = rag_opt.optimize(ex['question'], hotpot_docs(ex), ratio=1/3, tier='lexical')\n"
+        "assert r.tier == 'lexical' and r.scorer == 'lexical-probe', (r.tier, r.scorer)\n"
+        "assert r.tokens_after <= r.token_budget and all(u.score is not None for d in r.documents for u in d.units)\n"
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1]
+    )
+    if "real data not available" in out.stderr:
+        pytest.skip("real data not available")
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.data
+def test_lexical_tier_keeps_more_supporting_facts_than_lead_sentences():
+    from rag_opt.compressors.baselines import LeadScorer
+    from rag_opt.pipeline import ContextOptimizer
+
+    def recall(opt: ContextOptimizer, **kw: str) -> float:
+        hits = []
+        for ex in hotpot_dev(20):
+            res = opt.optimize(ex["question"], hotpot_docs(ex), ratio=1 / 3, **kw)
+            kept = {d.id: d for d in res.documents}
+            for title, k in ex["supporting_facts"]:
+                doc = kept.get(title)
+                sents = dict(ex["context"])[title]
+                if k >= len(sents):
+                    continue
+                start = sum(len(s) for s in sents[:k])
+                hits.append(doc is not None and any(a <= start + 1 and start < b for a, b in doc.kept_spans))
+        return sum(hits) / len(hits)
+
+    lexical = recall(ContextOptimizer(), tier="lexical")
+    lead = recall(ContextOptimizer(scorer=LeadScorer()))
+    assert lexical > lead + 0.05, (lexical, lead)
+
+
+def test_tier_and_threads_are_validated():
+    from rag_opt.models.threads import ThreadPolicy, available_cores
+    from rag_opt.pipeline import ContextOptimizer
+
+    with pytest.raises(ValueError, match="unknown tier 'fast'"):
+        ContextOptimizer(tier="fast")
+    with pytest.raises(ValueError, match="threads must be"):
+        ContextOptimizer(threads=0)
+    assert ThreadPolicy(3).choose() == 3
+    assert 1 <= ThreadPolicy("auto").choose() <= available_cores()
+    assert ThreadPolicy("auto", workers=available_cores()).choose() == 1

@@ -83,7 +83,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     """``--model`` / ``--device`` / ``--dtype``: which proxy model, where, at what precision."""
     p.add_argument("--model", help="proxy model: Hugging Face id, local folder or .gguf (default: embedded SmolLM2)")
     p.add_argument("--device", help="cuda, cpu, ... (default: cuda when available)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="proxy model dtype")
+    p.add_argument(
+        "--dtype", choices=["float32", "bfloat16", "float16", "int8"], help="proxy model dtype (int8 needs torchao)"
+    )
 
 
 def add_optimizer_args(p: argparse.ArgumentParser) -> None:

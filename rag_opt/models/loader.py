@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from rag_opt.errors import InvalidInputError, ModelNotFoundError
+from rag_opt.errors import ConfigurationError, InvalidInputError, ModelNotFoundError
 from rag_opt.models.capture import ATTN_IMPLEMENTATION, register_attention
 from rag_opt.models.sources import ModelSource, resolve_source
 from rag_opt.models.threads import ThreadPolicy
@@ -86,7 +86,8 @@ def load_proxy_model(
 
     ``model``: None for the embedded default (or ``$RAG_OPT_PROXY_MODEL``), ``embedded:<name>``, a ``.gguf``
     path, a local transformers directory or a Hugging Face id. ``device``: ``cuda``/``cpu``/... (default cuda
-    when available). ``dtype``: ``float32``/``bfloat16``/``float16`` (default float32 on CPU, bfloat16 on GPU).
+    when available). ``dtype``: ``float32``/``bfloat16``/``float16``/``int8`` (int8: dynamic quantisation of the Linear
+    layers with torchao) (default float32 on CPU, bfloat16 on GPU).
     """
     source = resolve_source(model)
     dev = device or default_device()
@@ -104,10 +105,20 @@ def load_proxy_model(
 def _torch_dtype(name: str) -> torch.dtype:
     import torch
 
-    table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    table = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.float32}
     if name not in table:
         raise InvalidInputError(f"unsupported dtype {name!r}; use one of {', '.join(table)}")
     return table[name]
+
+
+def _quantize_int8(model: Any) -> None:
+    """int8 dynamic quantisation of the Linear layers (torchao: int8 weights, activations quantised per token
+    at run time); attention and the rows rag-opt reads stay in float32."""
+    try:
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+    except ImportError:
+        raise ConfigurationError("dtype 'int8' needs torchao: pip install 'rag-opt[int8]'") from None
+    quantize_(model, Int8DynamicActivationInt8WeightConfig())
 
 
 def _load(source: ModelSource, device: str, dtype_name: str, trust_remote_code: bool) -> ProxyModel:
@@ -146,4 +157,6 @@ def _load(source: ModelSource, device: str, dtype_name: str, trust_remote_code: 
         raise ModelNotFoundError(f"proxy model {source.name!r} has no fast tokenizer; rag-opt needs character offsets")
     hf_model = hf_model.to(device)  # type: ignore[arg-type]
     hf_model.eval()
+    if dtype_name == "int8":
+        _quantize_int8(hf_model)
     return ProxyModel(source=source, model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype)
