@@ -36,6 +36,7 @@ from rag_opt.types import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.batching import MicroBatcher
     from rag_opt.models.loader import ProxyModel
     from rag_opt.orderers.profiles import ProfileStore
 
@@ -118,6 +119,7 @@ class ContextOptimizer:
         self.threads = threads if isinstance(threads, ThreadPolicy) else ThreadPolicy(threads)
         self._scorer: Scorer | None = scorer
         self._lexical: Scorer | None = None
+        self._batcher: MicroBatcher | None = None
         self._orderers: dict[str, Orderer] = {}
         self._lock = threading.Lock()
 
@@ -156,6 +158,16 @@ class ContextOptimizer:
                 )
                 self._scorer.proxy.threads = self.threads  # process-wide for this model (see ThreadPolicy)
             return self._scorer
+
+    def batcher(self) -> MicroBatcher:
+        """This optimizer's shared :class:`~rag_opt.batching.MicroBatcher`: optimizations submitted close
+        together (from threads or coroutines) share forward passes. Created on first use."""
+        with self._lock:
+            if self._batcher is None:
+                from rag_opt.batching import MicroBatcher
+
+                self._batcher = MicroBatcher(self)
+            return self._batcher
 
     def lexical_scorer(self) -> Scorer:
         """The lexical tier's scorer (no model: BM25 and lexical features through the shipped lexical probe)."""

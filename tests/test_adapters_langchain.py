@@ -177,6 +177,27 @@ def test_runnable_invoke_batch_and_async_are_identical(retriever: Any, questions
         _check_outputs(x["documents"], out)
 
 
+def test_runnable_batch_shares_one_optimize_batch_and_keeps_errors_in_place(
+    retriever: Any, questions: list[str], bm25_opt, monkeypatch
+) -> None:
+    runnable = RagOptRunnable(optimizer=bm25_opt, ratio=0.4)
+    good = [{"question": q, "documents": retriever.invoke(q)} for q in questions[:2]]
+    calls: list[int] = []
+    real = bm25_opt.optimize_batch
+
+    def spy(queries, documents, **kw):
+        calls.append(len(queries))
+        return real(queries, documents, **kw)
+
+    monkeypatch.setattr(bm25_opt, "optimize_batch", spy)
+    out = runnable.batch([good[0], {"documents": []}, good[1]], return_exceptions=True)
+    assert calls == [2]  # the two valid inputs went through one batched call
+    assert isinstance(out[1], ValueError) and "missing 'question'" in str(out[1])
+    assert [_doc_key(d) for d in out[0]] == [_doc_key(d) for d in runnable.invoke(good[0])]
+    with pytest.raises(ValueError, match="missing 'question'"):
+        runnable.batch([good[0], {"documents": []}])
+
+
 def test_runnable_after_a_retriever_with_the_question_in_config(retriever: Any, questions: list[str], bm25_opt):
     runnable = RagOptRunnable(optimizer=bm25_opt, ratio=0.4)
     q = questions[0]

@@ -167,20 +167,28 @@ def _run_optimize(
     metadata_key: str,
     score_key: str | None,
 ) -> list[LCDocument]:
-    if not isinstance(query, str):
-        raise InvalidInputTypeError(f"the question must be a string, got {type(query).__name__}")
-    docs = _to_rag_documents(documents, score_key)
+    query, docs = _prepare(query, documents, score_key)
     if not docs:
         return []
     result = optimizer.optimize(
         query, docs, ratio=ratio, target_tokens=target_tokens, threshold=threshold, ordering=ordering
     )
+    return _translate(result, documents, metadata_key)
+
+
+def _prepare(query: Any, documents: Sequence[Any], score_key: str | None) -> tuple[str, list[Document]]:
+    if not isinstance(query, str):
+        raise InvalidInputTypeError(f"the question must be a string, got {type(query).__name__}")
+    return query, _to_rag_documents(documents, score_key)
+
+
+def _translate(result: OptimizeResult, documents: Sequence[Any], metadata_key: str) -> list[LCDocument]:
     logger.debug(
         "rag-opt: %d -> %d tokens, %d of %d documents kept",
         result.tokens_before,
         result.tokens_after,
         len(result.documents),
-        len(docs),
+        len(documents),
     )
     return to_langchain_documents(result, documents, metadata_key=metadata_key)
 
@@ -206,6 +214,33 @@ class _RagOptSettings(BaseModel):
     def _validate(self) -> Self:
         _check_settings(self.ratio, self.target_tokens, self.threshold, self.ordering)
         return self
+
+    def _run_many(self, pairs: Sequence[tuple[Any, Any]]) -> list[list[LCDocument] | Exception]:
+        """Several (question, documents) pairs through one ``optimize_batch`` (shared forward passes); a pair
+        that is invalid gets its exception in its place."""
+        out: list[list[LCDocument] | Exception] = []
+        todo: list[tuple[int, str, list[Document]]] = []
+        for i, (query, documents) in enumerate(pairs):
+            try:
+                q, docs = _prepare(query, documents, self.score_key)
+            except (InvalidInputError, InvalidInputTypeError) as exc:
+                out.append(exc)
+                continue
+            out.append([])
+            if docs:
+                todo.append((i, q, docs))
+        if todo:
+            results = self.optimizer.optimize_batch(
+                [q for _, q, _ in todo],
+                [d for _, _, d in todo],
+                ratio=self.ratio,
+                target_tokens=self.target_tokens,
+                threshold=self.threshold,
+                ordering=self.ordering,
+            )
+            for (i, _, _), result in zip(todo, results, strict=True):
+                out[i] = _translate(result, pairs[i][1], self.metadata_key)
+        return out
 
     def _run(self, query: Any, documents: Any) -> list[LCDocument]:
         return _run_optimize(
@@ -329,6 +364,47 @@ class RagOptRunnable(_RagOptSettings, RunnableSerializable[RagOptInput | list[LC
         self, input: RagOptInput | list[LCDocument], config: RunnableConfig | None = None, **kwargs: Any
     ) -> list[LCDocument]:
         return await self._acall_with_config(self._aoptimize, input, config, **kwargs)
+
+    def _optimize_many(
+        self, inputs: list[Any], run_manager: list[CallbackManagerForChainRun], config: list[RunnableConfig]
+    ) -> list[list[LCDocument] | Exception]:
+        pairs: list[tuple[Any, Any]] = []
+        errors: dict[int, Exception] = {}
+        for i, (item, cfg) in enumerate(zip(inputs, config, strict=True)):
+            try:
+                pairs.append(self._split_input(item, cfg))
+            except (InvalidInputError, InvalidInputTypeError) as exc:
+                errors[i] = exc
+                pairs.append(("", []))
+        out = self._run_many(pairs)
+        return [errors.get(i, o) for i, o in enumerate(out)]
+
+    def batch(
+        self,
+        inputs: list[RagOptInput | list[LCDocument]],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[list[LCDocument]]:
+        """Optimize several inputs through one :meth:`~rag_opt.ContextOptimizer.optimize_batch` (the proxy scores
+        them in shared forward passes); each input is traced as its own run."""
+        return self._batch_with_config(
+            self._optimize_many, inputs, config, return_exceptions=return_exceptions, **kwargs
+        )
+
+    async def abatch(
+        self,
+        inputs: list[RagOptInput | list[LCDocument]],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[list[LCDocument]]:
+        """Async :meth:`batch` (the forward passes run in an executor thread)."""
+        return await run_in_executor(
+            None, lambda: self.batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+        )
 
 
 def _config_question(config: RunnableConfig | None) -> Any:

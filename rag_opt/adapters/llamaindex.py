@@ -17,6 +17,7 @@ The adapter only translates: scoring, selection and ordering are the optimizer's
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 try:
     from llama_index.core.bridge.pydantic import ConfigDict, Field, model_validator
@@ -28,7 +29,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from rag_opt.adapters.metadata import METADATA_KEY, document_info
 from rag_opt.errors import InvalidInputError, InvalidInputTypeError
 from rag_opt.pipeline import ContextOptimizer
-from rag_opt.types import Budget, Document, check_ordering
+from rag_opt.types import Budget, Document, OptimizeResult, check_ordering
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,37 @@ class RagOptNodePostprocessor(BaseNodePostprocessor):
         nodes: list[NodeWithScore],
         query_bundle: QueryBundle | None = None,
     ) -> list[NodeWithScore]:
+        query, textual, docs, passthrough = self._prepare(nodes, query_bundle)
+        if not docs:
+            return list(nodes)
+        result = self.optimizer.optimize(query, docs, **self._settings())
+        return self._translate(nodes, textual, docs, result) + passthrough
+
+    async def _apostprocess_nodes(
+        self,
+        nodes: list[NodeWithScore],
+        query_bundle: QueryBundle | None = None,
+    ) -> list[NodeWithScore]:
+        """Async: concurrent calls are micro-batched (:meth:`~rag_opt.ContextOptimizer.batcher`), so questions
+        arriving together share the proxy's forward passes."""
+        query, textual, docs, passthrough = self._prepare(nodes, query_bundle)
+        if not docs:
+            return list(nodes)
+        result = await self.optimizer.batcher().optimize(query, docs, **self._settings())
+        return self._translate(nodes, textual, docs, result) + passthrough
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "ratio": self.ratio,
+            "target_tokens": self.target_tokens,
+            "threshold": self.threshold,
+            "ordering": self.ordering,
+        }
+
+    @staticmethod
+    def _prepare(
+        nodes: list[NodeWithScore], query_bundle: QueryBundle | None
+    ) -> tuple[str, list[int], list[Document], list[NodeWithScore]]:
         if query_bundle is None or not isinstance(query_bundle.query_str, str):
             raise InvalidInputError("RagOptNodePostprocessor needs the query: pass query_bundle or query_str")
         textual: list[int] = []
@@ -84,16 +116,11 @@ class RagOptNodePostprocessor(BaseNodePostprocessor):
             docs.append(Document(text=text, id=nws.node.node_id, metadata=dict(nws.node.metadata), score=nws.score))
         textual_set = set(textual)
         passthrough = [nodes[i] for i in range(len(nodes)) if i not in textual_set]
-        if not docs:
-            return list(nodes)
-        result = self.optimizer.optimize(
-            query_bundle.query_str,
-            docs,
-            ratio=self.ratio,
-            target_tokens=self.target_tokens,
-            threshold=self.threshold,
-            ordering=self.ordering,
-        )
+        return query_bundle.query_str, textual, docs, passthrough
+
+    def _translate(
+        self, nodes: list[NodeWithScore], textual: list[int], docs: list[Document], result: OptimizeResult
+    ) -> list[NodeWithScore]:
         logger.debug(
             "rag-opt: %d -> %d tokens, %d of %d nodes kept",
             result.tokens_before,
@@ -114,4 +141,4 @@ class RagOptNodePostprocessor(BaseNodePostprocessor):
             if doc.text != docs[doc.index].text:
                 node.set_content(doc.text)
             out.append(NodeWithScore(node=node, score=original.score))
-        return out + passthrough
+        return out
