@@ -29,7 +29,6 @@ from typing import Any
 import numpy as np
 from common import data_dir
 
-from rag_opt.compressors.base import doc_scores_from_units
 from rag_opt.compressors.doc_relevance import document_relevance
 from rag_opt.compressors.features import build_features
 from rag_opt.compressors.lexical import bm25_scores
@@ -85,7 +84,7 @@ def nq_method_scores(
     if sentence_probe is not None:
         cu = UnitTable.titled(units)
         unit = sentence_probe.predict_proba(build_features(sentence_probe.layout, attn, q, cu))
-        out["best sentence (sentence probe)"] = doc_scores_from_units(np.asarray(unit, dtype=np.float64), cu)
+        out["best sentence (sentence probe)"] = cu.doc_best(np.asarray(unit, dtype=np.float64))
     out["BM25"] = bm25_scores(q, ["".join(u) for u in units])
     out["retriever order"] = -np.arange(inst.n_docs, dtype=np.float64)
     return out

@@ -25,44 +25,35 @@ from common import data_dir
 
 from rag_opt.compressors.features import ALL_BLOCKS, DEFAULT_BLOCKS, FeatureLayout, build_features
 from rag_opt.compressors.lexical import bm25_scores
-from rag_opt.compressors.selection import Candidate, SelectionOptions, select
+from rag_opt.compressors.selection import select
 from rag_opt.text.tokens import get_token_counter
 from rag_opt.text.units import UnitTable
 from rag_opt.training.datasets import contains_answer, read_hotpotqa
 from rag_opt.training.sentence_probe import build_training_set, choose_l2, feature_cache_for, fit_probe, hotpot_units
+from rag_opt.types import Document
 
 logger = logging.getLogger("probe_ablation")
 
 
 def evaluate(examples, feats, scorer, ratio: float) -> dict[str, float]:
+    """Selection at ``ratio`` over the dataset's own sentences (the units the cached features were read for)."""
     counter = get_token_counter("o200k_base")
     rec, allk, ans, ratios = [], [], [], []
     for ex in examples:
         attn = feats.get(ex.id)
         if attn is None:
             continue
-        docs = hotpot_units(ex)
-        units = UnitTable.titled(docs)
-        scores = scorer(ex, attn, units)
-        cands, where = [], []
-        k = 0
-        total = 0
-        for p, d in enumerate(docs):
-            t_idx = len(cands)
-            tt = counter.count(d[0])
-            cands.append(Candidate(doc=p, tokens=tt, score=-np.inf, header=True))
-            where.append((p, -1))
-            total += tt + counter.count("".join(d[1:]))
-            for s_i, s in enumerate(d[1:]):
-                score = float(scores[k + 1 + s_i])
-                cands.append(Candidate(doc=p, tokens=counter.count(s), score=score, needs=(t_idx,)))
-                where.append((p, s_i))
-            k += len(d)
-        budget = int(ratio * total)
-        kept = select(cands, SelectionOptions(budget=budget))
-        kept_set = {w for w, f in zip(where, kept, strict=True) if f and w[1] >= 0}
-        used = sum(c.tokens for c, f in zip(cands, kept, strict=True) if f)
-        ratios.append(used / total)
+        docs = [Document(text=ex.paragraph_text(p), title=t) for p, t in enumerate(ex.titles)]
+        bounds = [np.cumsum([0] + [len(x) for x in sents]) for sents in ex.sentences]
+        spans = [[(int(b[i]), int(b[i + 1])) for i in range(len(b) - 1)] for b in bounds]
+        units = UnitTable.from_spans(docs, spans, counter.count)
+        scores = scorer(ex, attn, UnitTable.titled(hotpot_units(ex)))
+        sel = select(units, scores, counter.count, limit=int(ratio * units.tokens_before))
+        ratios.append(int(sel.tokens_after.sum()) / units.tokens_before)
+        kept_set = {
+            (int(units.doc[r]), int(r - units.bounds[units.doc[r]] - 1))
+            for r in np.flatnonzero(sel.keep & units.candidate)
+        }
         sup = ex.supporting
         if sup:
             hits = [s in kept_set for s in sup]

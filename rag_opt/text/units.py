@@ -94,6 +94,34 @@ class UnitTable:
         )
 
     @classmethod
+    def from_spans(
+        cls, documents: Sequence[Document], spans: Sequence[Sequence[tuple[int, int]]], count: Callable[[str], int]
+    ) -> UnitTable:
+        """A table over a segmentation given as character spans per document (e.g. a dataset's own sentences),
+        instead of :meth:`build`'s. Every span becomes a ``sentence`` row; titles as in :meth:`build`."""
+        if len(spans) != len(documents):
+            raise ValueError(f"{len(spans)} span lists for {len(documents)} documents")
+        titles = tuple(_title_of(d) for d in documents)
+        rows: list[tuple[int, int, int, UnitKind, str]] = []
+        for d, (document, doc_spans) in enumerate(zip(documents, spans, strict=True)):
+            if titles[d]:
+                rows.append((d, -1, -1, "title", f"{titles[d]}\n"))
+            rows.extend((d, a, b, "sentence", document.text[a:b]) for a, b in doc_spans)
+        return cls(
+            doc=np.asarray([r[0] for r in rows], dtype=np.int64),
+            start=np.asarray([r[1] for r in rows], dtype=np.int64),
+            end=np.asarray([r[2] for r in rows], dtype=np.int64),
+            kind=tuple(r[3] for r in rows),
+            tokens=np.asarray([count(r[4]) for r in rows], dtype=np.int64),
+            candidate=np.asarray([r[3] != "title" for r in rows], dtype=bool),
+            texts=tuple(r[4] for r in rows),
+            documents=tuple(documents),
+            titles=titles,
+            title_tokens=np.asarray([count(f"{t}\n") if t else 0 for t in titles], dtype=np.int64),
+            text_tokens=np.asarray([count(d.text) for d in documents], dtype=np.int64),
+        )
+
+    @classmethod
     def from_texts(cls, docs: Sequence[Sequence[str]], candidate: Sequence[Sequence[bool]]) -> UnitTable:
         """A table of units given as strings (training and benchmark data): no offsets or token counts.
 
