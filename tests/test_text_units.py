@@ -50,3 +50,18 @@ def test_rendering_keeps_words_apart_only_where_a_cut_glues_them() -> None:
     text = "Super Junior-K.R.Y. He is one of them. Another one."
     assert merge_spans([(0, 5), (5, 9), (12, 14)]) == [(0, 9), (12, 14)]
     assert join_spans(text, [(0, 15), (20, 38)]) == "Super Junior-K. He is one of them."
+
+
+def test_a_table_over_given_spans_keeps_the_datasets_sentences() -> None:
+    ex = hotpot_dev(1)[0]
+    title, sentences = ex["context"][0]
+    doc = to_documents([{"title": title, "text": "".join(sentences)}])
+    bounds = np.cumsum([0] + [len(s) for s in sentences])
+    t = UnitTable.from_spans(doc, [[(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]], COUNT)
+    assert t.texts == (f"{title}\n", *sentences)
+    assert (
+        t.kind[0] == "title"
+        and set(t.kind[1:]) == {"sentence"}
+        and t.candidate.tolist() == [False] + [True] * len(sentences)
+    )
+    assert t.tokens_before == COUNT(f"{title}\n") + COUNT("".join(sentences))
