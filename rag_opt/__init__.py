@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rag_opt._lazy import lazy_module
+from rag_opt.errors import __all__ as _errors_all
 
 __version__ = "0.1.0"
 
@@ -63,16 +64,7 @@ if TYPE_CHECKING:  # pragma: no cover
         Unit,
     )
 
-_ERRORS = (
-    "ConfigurationError",
-    "DataNotFoundError",
-    "InvalidInputError",
-    "InvalidInputTypeError",
-    "ModelNotFoundError",
-    "ProbeMismatchError",
-    "ProfileMismatchError",
-    "RagOptError",
-)
+_ERRORS = tuple(_errors_all)  # the errors module is tiny: importing it costs nothing
 _TYPES = (
     "ORDERING_NAMES",
     "Budget",

@@ -33,14 +33,24 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("RAG_OPT_DATA_DIR") or Path.cwd().parent / "shared" / "data")
 
 
-def _ratio(value: str) -> float:
-    try:
-        r = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"ratio must be a number in (0, 1], got {value!r}") from None
-    if not 0 < r <= 1:
-        raise argparse.ArgumentTypeError(f"ratio must be in (0, 1], got {value}")
-    return r
+def _number_in(low: float, high: float, name: str, *, open_low: bool) -> Any:
+    """argparse type: a number in ``(low, high]`` (``open_low``) or ``[low, high]``."""
+    interval = f"{'(' if open_low else '['}{low:g}, {high:g}]"
+
+    def parse(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be a number in {interval}, got {value!r}") from None
+        if not (low < x <= high if open_low else low <= x <= high):
+            raise argparse.ArgumentTypeError(f"{name} must be in {interval}, got {value}")
+        return x
+
+    return parse
+
+
+_ratio = _number_in(0, 1, "ratio", open_low=True)
+_probability = _number_in(0, 1, "threshold", open_low=False)
 
 
 def nonneg_int(value: str) -> int:
@@ -52,16 +62,6 @@ def nonneg_int(value: str) -> int:
     if n < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
     return n
-
-
-def _probability(value: str) -> float:
-    try:
-        p = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"threshold must be a number in [0, 1], got {value!r}") from None
-    if not 0 <= p <= 1:
-        raise argparse.ArgumentTypeError(f"threshold must be in [0, 1], got {value}")
-    return p
 
 
 def add_budget_args(p: argparse.ArgumentParser, *, default_ratio: float | None = None) -> None:

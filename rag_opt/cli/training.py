@@ -25,41 +25,35 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=_calibrate)
 
     p = sub.add_parser("train-probe", help="train the sentence-relevance probe on HotpotQA")
-    p.add_argument(
-        "--data", default=None, help="HotpotQA train JSONL(.gz) (default ../shared/data/hotpotqa/train.jsonl.gz)"
-    )
-    p.add_argument("--out", required=True, help="where to write the probe JSON")
-    p.add_argument("--limit", type=nonneg_int, help="use the first N questions (after shuffling)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache", default=None, help="feature cache folder (default: <rag-opt cache>/features)")
-    p.add_argument("--l2", type=float, default=None, help="L2 strength (default: chosen on held-out questions)")
-    p.add_argument("--blocks", default=None, help="comma-separated feature blocks (default: all)")
-    _add_layers(p)
-    add_model_args(p)
+    _add_probe_args(p, data=_HOTPOT_HELP, model_features=True)
     p.set_defaults(handler=_train_probe)
 
     p = sub.add_parser("train-doc-probe", help="train the document relevance probe on NQ (its train split)")
-    p.add_argument("--data", default=None, help="NQ multi-doc JSONL(.gz) (default ../shared/data/nq_multidoc)")
-    p.add_argument("--out", required=True, help="where to write the probe JSON")
+    _add_probe_args(p, data="NQ multi-doc JSONL(.gz) (default ../shared/data/nq_multidoc)", model_features=True)
     p.add_argument("--n-docs", default="20", help="comma-separated numbers of documents to train with (default 20)")
-    p.add_argument("--limit", type=nonneg_int, help="use the first N train questions")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache", default=None, help="feature cache folder (default: <rag-opt cache>/features)")
     p.add_argument("--store", default=None, help="calibration profile folder (default <rag-opt cache>/calibration)")
-    p.add_argument("--l2", type=float, default=None, help="L2 strength (default: chosen on held-out questions)")
-    p.add_argument("--blocks", default=None, help="comma-separated document feature blocks")
-    _add_layers(p)
-    add_model_args(p)
     p.set_defaults(handler=_train_doc_probe)
 
     p = sub.add_parser("train-lexical-probe", help="train the lexical-tier probe on HotpotQA (no model needed)")
-    p.add_argument(
-        "--data", default=None, help="HotpotQA train JSONL(.gz) (default ../shared/data/hotpotqa/train.jsonl.gz)"
-    )
+    _add_probe_args(p, data=_HOTPOT_HELP, model_features=False)
+    p.set_defaults(handler=_train_lexical_probe)
+
+
+_HOTPOT_HELP = "HotpotQA train JSONL(.gz) (default ../shared/data/hotpotqa/train.jsonl.gz)"
+
+
+def _add_probe_args(p: argparse.ArgumentParser, *, data: str, model_features: bool) -> None:
+    """The options every probe trainer takes; ``model_features``: also those of attention features."""
+    p.add_argument("--data", default=None, help=data)
     p.add_argument("--out", required=True, help="where to write the probe JSON")
     p.add_argument("--limit", type=nonneg_int, help="use the first N questions (after shuffling; default all)")
     p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(handler=_train_lexical_probe)
+    if model_features:
+        p.add_argument("--cache", default=None, help="feature cache folder (default: <rag-opt cache>/features)")
+        p.add_argument("--l2", type=float, default=None, help="L2 strength (default: chosen on held-out questions)")
+        p.add_argument("--blocks", default=None, help="comma-separated feature blocks (default: the shipped ones)")
+        _add_layers(p)
+        add_model_args(p)
 
 
 def _add_layers(p: argparse.ArgumentParser) -> None:
