@@ -206,6 +206,8 @@ def main() -> None:
     ap.add_argument("--calibration-contexts", type=int, default=30, help="contexts for a profile built here")
     ap.add_argument("--kv-questions", type=int, default=0, help="key-value retrieval questions per position (0: skip)")
     ap.add_argument("--model", default=None)
+    ap.add_argument("--dtype", default=None, help="proxy precision (features cached per precision)")
+    ap.add_argument("--sentence-probe", default=None, help="sentence probe JSON (default: the shipped one)")
     ap.add_argument("--doc-probe", default=None, help="document probe JSON (default: the shipped one)")
     ap.add_argument("--compare-probe", action="append", default=[], help="LABEL=PATH: also rank with this probe")
     ap.add_argument("--cache", default=str(cache_dir() / "features"), help="attention feature cache folder")
@@ -216,7 +218,9 @@ def main() -> None:
     if not nq.is_file():
         sys.exit(f"NQ multi-document data not found at {nq} (set RAG_OPT_DATA_DIR or check ../shared/data)")
 
-    proxy = load_proxy_model(args.model)
+    proxy = load_proxy_model(args.model, dtype=args.dtype)
+    if args.dtype:
+        args.cache = str(Path(args.cache) / args.dtype)
     doc_probe = Probe.load(args.doc_probe) if args.doc_probe else shipped_probe(proxy.name, "document")
     if doc_probe is None:
         sys.exit(f"no document probe for {proxy.name}: train one with `rag-opt train-doc-probe` and pass --doc-probe")
@@ -224,7 +228,7 @@ def main() -> None:
     for spec in args.compare_probe:
         label, _, path = spec.partition("=")
         compare[label] = Probe.load(path)
-    sentence_probe = shipped_probe(proxy.name)
+    sentence_probe = Probe.load(args.sentence_probe) if args.sentence_probe else shipped_probe(proxy.name)
     results: dict[str, Any] = {"model": proxy.name, "doc_probe": doc_probe.metadata, "n_docs": {}}
     per_n = dict(x.split(":") for x in args.questions.split(",")) if ":" in args.questions else {}
     for n_docs in (int(x) for x in args.n_docs.split(",") if x.strip() and x.strip() != "none"):
