@@ -15,15 +15,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rag_opt.compressors.base import Scorer, Scores
-from rag_opt.compressors.selection import Selection, SelectionOptions, select
-from rag_opt.errors import ConfigurationError, InvalidInputError, InvalidInputTypeError
+from rag_opt.compressors.selection import SelectionOptions, select
+from rag_opt.errors import ConfigurationError, InvalidInputError
+from rag_opt.inputs import check_budget, check_documents, check_query, check_tier
 from rag_opt.models.threads import ThreadPolicy
-from rag_opt.orderers.base import Orderer, OrdererResources, Ordering, OrderItem, make_orderer
+from rag_opt.orderers.base import Orderer, OrdererResources, make_orderer
+from rag_opt.orderers.stage import order_stage
 from rag_opt.render import render_result
 from rag_opt.text.tokens import TokenCounter, get_token_counter
 from rag_opt.text.units import UnitTable
 from rag_opt.types import (
-    TIERS,
     Budget,
     Document,
     DocumentLike,
@@ -32,7 +33,6 @@ from rag_opt.types import (
     Tier,
     Timings,
     check_ordering,
-    to_documents,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -100,7 +100,7 @@ class ContextOptimizer:
         tier: Tier | str = "model",
         threads: ThreadPolicy | int | str = "auto",
     ) -> None:
-        self.budget = _budget(ratio, target_tokens, threshold, budget) or Budget()
+        self.budget = check_budget(ratio, target_tokens, threshold, budget) or Budget()
         self.ordering: OrderingName = check_ordering(ordering)
         if max_window_tokens < 128:
             raise InvalidInputError("max_window_tokens must be at least 128")
@@ -115,7 +115,7 @@ class ContextOptimizer:
         self.language = language
         self.doc_probe = doc_probe
         self.calibrate = calibrate
-        self.tier: Tier = _check_tier(tier)
+        self.tier: Tier = check_tier(tier)
         self.threads = threads if isinstance(threads, ThreadPolicy) else ThreadPolicy(threads)
         self._scorer: Scorer | None = scorer
         self._lexical: Scorer | None = None
@@ -217,7 +217,7 @@ class ContextOptimizer:
         tier: Tier | str | None = None,
     ) -> OptimizeResult:
         """Optimize ``documents`` for ``query``; per-call settings override the optimizer's defaults."""
-        budget = _budget(ratio, target_tokens, threshold, budget)
+        budget = check_budget(ratio, target_tokens, threshold, budget)
         return self.optimize_batch([query], [documents], ordering=ordering, budget=budget, tier=tier)[0]
 
     def optimize_batch(
@@ -238,10 +238,10 @@ class ContextOptimizer:
         if isinstance(queries, str) or len(queries) != len(documents):
             raise InvalidInputError("optimize_batch needs a list of queries and a list of document lists, as long")
         t0 = time.perf_counter()
-        budget = _budget(ratio, target_tokens, threshold, budget) or self.budget
+        budget = check_budget(ratio, target_tokens, threshold, budget) or self.budget
         orderer = self.orderer(ordering or self.ordering)
-        tier_ = _check_tier(tier or self.tier)
-        jobs = [_Job(_check_query(q), _check_documents(d), tier_) for q, d in zip(queries, documents, strict=True)]
+        tier_ = check_tier(tier or self.tier)
+        jobs = [_Job(check_query(q), check_documents(d), tier_) for q, d in zip(queries, documents, strict=True)]
         for job in jobs:  # segment
             with _timed(job.timings, "segment_ms"):
                 job.units = UnitTable.build(job.docs, self.counter.count, self.language)
@@ -278,7 +278,7 @@ class ContextOptimizer:
                 options=self.selection_options,
             )
         with _timed(job.timings, "order_ms"):
-            ordering = _order(job.query, orderer, units, scores, selection)
+            ordering = order_stage(job.query, orderer, units, scores, selection)
         job.timings.total_ms = (time.perf_counter() - t0) * 1e3
         warnings = (_score_warnings(scores, orderer) if scores is not None else []) + ordering.warnings
         return render_result(
@@ -308,63 +308,6 @@ class _Job:
     limit: int | None = None
     shrink: bool = False
     scores: Scores | None = None
-
-
-def _budget(
-    ratio: float | None, target_tokens: int | None, threshold: float | None, budget: Budget | None
-) -> Budget | None:
-    """The budget given as keywords or as a :class:`Budget` (not both); None when neither is given."""
-    loose = Budget(ratio=ratio, target_tokens=target_tokens, threshold=threshold)
-    if budget is not None:
-        if not isinstance(budget, Budget):
-            raise InvalidInputTypeError(f"budget must be a rag_opt.Budget, got {type(budget).__name__}")
-        if loose.compresses:
-            raise InvalidInputError("give the budget either as ratio/target_tokens/threshold or as budget=, not both")
-        return budget
-    return loose if loose.compresses else None
-
-
-def _check_tier(tier: object) -> Tier:
-    if tier not in TIERS:
-        raise InvalidInputError(f"unknown tier {tier!r}; use one of {', '.join(TIERS)}")
-    return tier  # type: ignore[return-value]
-
-
-def _check_query(query: object) -> str:
-    if not isinstance(query, str):
-        raise InvalidInputTypeError(f"query must be a string, got {type(query).__name__}")
-    if not query.strip():
-        raise InvalidInputError("query is empty")
-    return query
-
-
-def _check_documents(documents: Sequence[DocumentLike]) -> list[Document]:
-    docs = to_documents(documents)
-    for i, doc in enumerate(docs):
-        if not doc.text.strip():
-            raise InvalidInputError(f"documents[{i}] is empty: every document needs some text")
-    return docs
-
-
-def _order(query: str, orderer: Orderer, units: UnitTable, scores: Scores | None, selection: Selection) -> Ordering:
-    """The order stage over the kept documents: their text as the LLM reads it and their relevance."""
-    kept = selection.kept_docs
-    if len(kept) < 2 or not orderer.reorders:
-        return Ordering(list(range(len(kept))))
-    items = []
-    for rank, d in enumerate(kept):
-        text = units.documents[d].text if selection.keep[list(units.rows(d))].all() else selection.texts[d]
-        title = units.titles[d]
-        items.append(OrderItem(f"{title}\n{text}" if title else text, _relevance(units, scores, d, rank)))
-    return orderer.order(query, items)
-
-
-def _relevance(units: UnitTable, scores: Scores | None, d: int, rank: int) -> float:
-    """Document relevance for ordering: rag-opt's score, else the retriever's, else input order."""
-    if scores is not None:
-        return float(scores.doc[d])
-    retriever = units.documents[d].score
-    return retriever if retriever is not None else -float(rank)
 
 
 def _score_warnings(scores: Scores, orderer: Orderer) -> list[str]:

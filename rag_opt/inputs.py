@@ -1,0 +1,46 @@
+"""Checking what ``optimize`` is given: the query, the documents, the budget and the tier, with clear errors."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rag_opt.errors import InvalidInputError, InvalidInputTypeError
+from rag_opt.types import TIERS, Budget, Document, DocumentLike, Tier, to_documents
+
+__all__ = ["check_budget", "check_documents", "check_query", "check_tier"]
+
+
+def check_budget(
+    ratio: float | None, target_tokens: int | None, threshold: float | None, budget: Budget | None
+) -> Budget | None:
+    """The budget given as keywords or as a :class:`Budget` (not both); None when neither is given."""
+    loose = Budget(ratio=ratio, target_tokens=target_tokens, threshold=threshold)
+    if budget is not None:
+        if not isinstance(budget, Budget):
+            raise InvalidInputTypeError(f"budget must be a rag_opt.Budget, got {type(budget).__name__}")
+        if loose.compresses:
+            raise InvalidInputError("give the budget either as ratio/target_tokens/threshold or as budget=, not both")
+        return budget
+    return loose if loose.compresses else None
+
+
+def check_tier(tier: object) -> Tier:
+    if tier not in TIERS:
+        raise InvalidInputError(f"unknown tier {tier!r}; use one of {', '.join(TIERS)}")
+    return tier  # type: ignore[return-value]
+
+
+def check_query(query: object) -> str:
+    if not isinstance(query, str):
+        raise InvalidInputTypeError(f"query must be a string, got {type(query).__name__}")
+    if not query.strip():
+        raise InvalidInputError("query is empty")
+    return query
+
+
+def check_documents(documents: Sequence[DocumentLike]) -> list[Document]:
+    docs = to_documents(documents)
+    for i, doc in enumerate(docs):
+        if not doc.text.strip():
+            raise InvalidInputError(f"documents[{i}] is empty: every document needs some text")
+    return docs
