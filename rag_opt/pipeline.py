@@ -247,20 +247,23 @@ class ContextOptimizer:
                 job.units = UnitTable.build(job.docs, self.counter.count, self.language)
             job.limit = budget.tokens(job.units.tokens_before)
             job.shrink = budget.compresses and (job.limit is None or job.limit < job.units.tokens_before)
-        self._score([job for job in jobs if job.shrink or orderer.reorders])  # score
+        self._score([job for job in jobs if job.shrink or orderer.reorders], documents=orderer.reorders)  # score
         return [self._finish(job, budget, orderer, t0) for job in jobs]
 
-    def _score(self, jobs: list[_Job]) -> None:
+    def _score(self, jobs: list[_Job], documents: bool) -> None:
+        """The score stage. ``documents``: document relevance is needed (the ordering uses it); scorers that can
+        skip it (``scores_documents``) then stop their forward pass earlier."""
         if not jobs:
             return
         # loading the model is not part of the score stage's timing
         scorer = self.lexical_scorer() if jobs[0].tier == "lexical" else self.scorer()
+        kw = {"documents": documents} if getattr(scorer, "scores_documents", False) else {}
         t = time.perf_counter()
         batch = getattr(scorer, "score_batch", None)
         if batch is not None and len(jobs) > 1:
-            scores = batch([j.query for j in jobs], [j.units for j in jobs])
+            scores = batch([j.query for j in jobs], [j.units for j in jobs], **kw)
         else:
-            scores = [scorer.score(j.query, j.units) for j in jobs]
+            scores = [scorer.score(j.query, j.units, **kw) for j in jobs]
         for job, sc in zip(jobs, scores, strict=True):
             job.scores = sc
             job.timings.score_ms = (time.perf_counter() - t) * 1e3

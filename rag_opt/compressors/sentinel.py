@@ -107,28 +107,34 @@ class SentinelCompressor:
     def model_name(self) -> str:
         return self.proxy.name
 
-    @property
-    def layers(self) -> int:
-        """How many layers the forward pass runs: the deepest layer any probe in use reads (early exit), or all
-        of them for raw attention."""
+    scores_documents = True  # score() can skip document relevance when nobody needs it (see ``documents``)
+
+    def layers(self, documents: bool = True) -> int:
+        """How many layers the forward pass runs: the deepest layer a probe in use reads (early exit) — the
+        document probe's only when document relevance is wanted — or all of them for raw attention."""
         if self.probe is None:
             return self.proxy.num_layers
-        depths = [p.layout.num_layers for p in (self.probe, self.doc_probe) if p is not None]
-        return max(depths)
+        probes = (self.probe, self.doc_probe) if documents else (self.probe,)
+        return max(p.layout.num_layers for p in probes if p is not None)
 
-    def score(self, question: str, units: UnitTable) -> Scores:
-        attn = extract(self.proxy, units.by_document(), question, max_tokens=self.max_tokens, layers=self.layers)
-        return self._scores(attn, question, units)
+    def score(self, question: str, units: UnitTable, *, documents: bool = True) -> Scores:
+        """Unit scores and document relevance. ``documents=False``: document relevance is only the best unit's
+        score (no document probe, no calibration), and the forward pass stops at the sentence probe's depth."""
+        depth = self.layers(documents)
+        attn = extract(self.proxy, units.by_document(), question, max_tokens=self.max_tokens, layers=depth)
+        return self._scores(attn, question, units, documents)
 
-    def score_batch(self, questions: Sequence[str], tables: Sequence[UnitTable]) -> list[Scores]:
+    def score_batch(
+        self, questions: Sequence[str], tables: Sequence[UnitTable], *, documents: bool = True
+    ) -> list[Scores]:
         """:meth:`score` for several contexts, several per forward pass (sorted by length, padded)."""
         if len(questions) != len(tables):
             raise InvalidInputError(f"{len(questions)} questions for {len(tables)} contexts")
         contexts = [(t.by_document(), q) for q, t in zip(questions, tables, strict=True)]
-        feats = extract_batch(self.proxy, contexts, max_tokens=self.max_tokens, layers=self.layers)
-        return [self._scores(a, q, t) for a, q, t in zip(feats, questions, tables, strict=True)]
+        feats = extract_batch(self.proxy, contexts, max_tokens=self.max_tokens, layers=self.layers(documents))
+        return [self._scores(a, q, t, documents) for a, q, t in zip(feats, questions, tables, strict=True)]
 
-    def _scores(self, attn: AttentionFeatures, question: str, units: UnitTable) -> Scores:
+    def _scores(self, attn: AttentionFeatures, question: str, units: UnitTable, documents: bool) -> Scores:
         docs = units.by_document()
         if self.probe is not None:
             feats = build_features(self.probe.layout, attn, question, units)
@@ -138,7 +144,7 @@ class SentinelCompressor:
         unit = np.asarray(unit_scores, dtype=np.float64)
         doc_raw = units.doc_best(unit)
         doc, calibrated, note = doc_raw, False, None
-        if self.doc_probe is not None and self.profiles is not None:
+        if documents and self.doc_probe is not None and self.profiles is not None:
             n_docs = units.n_docs
             profile = self.profile(n_docs)
             if attn.windows > 1:
