@@ -15,6 +15,7 @@ from rag_opt.types import ORDERING_NAMES, Budget
 __all__ = [
     "UserError",
     "add_budget_args",
+    "add_language_arg",
     "add_model_args",
     "add_optimizer_args",
     "budget_from_args",
@@ -95,7 +96,18 @@ def add_optimizer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>")
     p.add_argument("--ordering", default="input", choices=ORDERING_NAMES, help="document ordering (default: input)")
     p.add_argument("--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
+    add_language_arg(p)
     add_model_args(p)
+
+
+def add_language_arg(p: argparse.ArgumentParser) -> None:
+    """``--language``: the documents' language (segmentation and BM25 stopwords follow it)."""
+    p.add_argument(
+        "--language",
+        default="en",
+        help="ISO 639 code of the documents' language (en, de, fr, pt-BR, ...): sentence segmentation and BM25 "
+        "stopwords follow it (default: en; the shipped probe was trained on English)",
+    )
 
 
 def build_optimizer(args: argparse.Namespace) -> Any:
@@ -114,6 +126,7 @@ def build_optimizer(args: argparse.Namespace) -> Any:
         keep_best_per_doc=getattr(args, "keep_best_per_doc", False),
         keep_first=getattr(args, "keep_first", False),
         calibrate=getattr(args, "calibrate", True),
+        language=args.language,
     )
 
 
