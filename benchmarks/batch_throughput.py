@@ -1,6 +1,8 @@
 """Throughput of ``rag-opt batch`` on a local Ray: 1 vs 2 optimizer actors, and a plain loop for reference.
 
-    OMP_NUM_THREADS=1 python benchmarks/batch_throughput.py --rows 16 --actors 1 2   # → results/batch_throughput.json
+    OMP_NUM_THREADS=1 python benchmarks/batch_throughput.py --rows 16 --actors 1 2
+
+Each run is added to ``benchmarks/results/batch_throughput.json`` (``--out``).
 
 Rows: the first ``--rows`` HotpotQA dev questions with their 10 paragraphs (``{"id", "question", "documents"}``
 JSONL, documents titled as in the tests). Each Ray run starts a fresh local Ray with ``--num-cpus`` CPUs and a new
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from common import data_dir
 
-from rag_opt.batch import run_batch, summary_dict
+from rag_opt.batch import run_batch, summary_dict  # needs the ray extra
 from rag_opt.pipeline import ContextOptimizer
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -96,16 +98,24 @@ def main() -> None:
                 (g["context"], g["tokens_before"], g["tokens_after"]) == (e.context(), e.tokens_before, e.tokens_after)
                 for g, e in zip(got, expected, strict=True)
             )
-            entry = {"actors": actors, **summary_dict(summary), "matches_optimize": same}
+            entry = {
+                "actors": actors,
+                **summary_dict(summary),
+                "matches_optimize": same,
+                "load_average_at_end": os.getloadavg(),
+            }
             report["ray"].append(entry)
             print(
                 f"ray, {actors} actor(s): {summary.seconds:.1f} s wall (Ray start and model loads included), "
                 f"{summary.rows_per_second:.3f} rows/s; matches optimize(): {same}",
                 flush=True,
             )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2), encoding="utf-8")
-    print(f"wrote {args.out}")
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    runs = json.loads(out_path.read_text(encoding="utf-8"))["runs"] if out_path.is_file() else []
+    runs.append(report)  # runs accumulate: on a shared machine one run says little
+    out_path.write_text(json.dumps({"runs": runs}, indent=2), encoding="utf-8")
+    print(f"added run {len(runs)} to {args.out}")
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ def _batch(args: argparse.Namespace) -> int:
     print(
         f"rag-opt: {summary.rows_optimized} rows optimized in {summary.seconds:.1f} s "
         f"({summary.rows_per_second:.2f} rows/s), {summary.rows_failed} with an error; "
-        f"{summary.parts - summary.parts_skipped} parts written, {summary.parts_skipped} already there: "
+        f"parts: {summary.parts - summary.parts_skipped} written, {summary.parts_skipped} already there; "
         f"{summary.output}",
         file=sys.stderr,
     )
