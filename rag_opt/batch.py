@@ -355,8 +355,9 @@ def run_batch(
     """Optimize every row of ``input`` (JSONL or Parquet) on Ray and write ``output`` (a folder of Parquet parts).
 
     Args:
-        ray_address: a running cluster (``ray://host:10001``, ``host:6379`` or ``auto``); None: the Ray already
-            initialized in this process, else a new local one (``num_cpus`` CPUs, default all).
+        ray_address: a running cluster (``ray://host:10001``, ``host:6379`` or ``auto``); None: a new local Ray
+            (``num_cpus`` CPUs, default all). A Ray already initialized in this process is used either way (and
+            left running).
         actors: optimizer actors (each loads the proxy model once); ``cpus_per_actor`` CPUs each.
         rows_per_part: input rows per output part; a part is written once all its rows are done, and a rerun
             with the same output folder (same rows and settings) skips the parts already there.
@@ -433,13 +434,13 @@ def _run_on_ray(
     except ImportError:
         raise ConfigurationError("rag-opt batch needs the ray extra: pip install 'rag-opt[ray]'") from None
 
-    started = False
-    if ray_address is not None:
-        ray.init(address=ray_address, ignore_reinit_error=True, log_to_driver=True)
-        started = True
-    elif not ray.is_initialized():
+    started = not ray.is_initialized()  # a Ray this process already runs is used, and left running
+    if started and ray_address is not None:
+        ray.init(address=ray_address, log_to_driver=True)
+    elif started:
         ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
-        started = True
+    elif ray_address is not None:
+        logger.warning("Ray is already initialized in this process: it is used, not %s", ray_address)
     context = ray.data.DataContext.get_current()
     show_progress = context.enable_progress_bars
     try:
