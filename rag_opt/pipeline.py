@@ -22,6 +22,7 @@ from rag_opt.models.threads import ThreadPolicy
 from rag_opt.orderers.base import Orderer, OrdererResources, make_orderer
 from rag_opt.orderers.stage import order_stage
 from rag_opt.render import render_result
+from rag_opt.text.language import check_language
 from rag_opt.text.tokens import TokenCounter, get_token_counter
 from rag_opt.text.units import UnitTable
 from rag_opt.types import (
@@ -63,7 +64,9 @@ class ContextOptimizer:
         max_window_tokens: proxy tokens per forward pass; longer contexts are processed in windows (and their
             document relevance is not calibrated).
         trust_remote_code: passed to transformers for hub models (off by default).
-        language: language code for sentence segmentation.
+        language: ISO 639 code of the documents' language (``en``, ``de``, ``pt-BR``, ...): sentence segmentation
+            and BM25 stopwords follow it (see :mod:`rag_opt.text.language`; the shipped probes were trained on
+            English).
         scorer: score units with this instead of the Sentinel probe (e.g. ``rag_opt.compressors.BM25Scorer()``).
         doc_probe: the document relevance probe: ``"auto"`` (shipped for the model), a path, or None (document
             relevance = its best sentence's score).
@@ -112,7 +115,7 @@ class ContextOptimizer:
         self.dtype = dtype
         self.max_window_tokens = max_window_tokens
         self.trust_remote_code = trust_remote_code
-        self.language = language
+        self.language = check_language(language)
         self.doc_probe = doc_probe
         self.calibrate = calibrate
         self.tier: Tier = check_tier(tier)

@@ -15,11 +15,14 @@ from rag_opt.types import ORDERING_NAMES, Budget
 __all__ = [
     "UserError",
     "add_budget_args",
+    "add_engine_args",
+    "add_language_arg",
     "add_model_args",
     "add_optimizer_args",
     "budget_from_args",
     "build_optimizer",
     "default_data_dir",
+    "optimizer_kwargs",
     "read_documents",
 ]
 
@@ -89,34 +92,56 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_optimizer_args(p: argparse.ArgumentParser) -> None:
-    """The options of a :class:`~rag_opt.ContextOptimizer` run: query, input, target, ordering, probe, model."""
+    """The options of a :class:`~rag_opt.ContextOptimizer` run: query, input, and :func:`add_engine_args`."""
     p.add_argument("--query", "-q", required=True, help="the question")
     p.add_argument(
         "--input", "-i", required=True, help="documents as JSONL ({'text','id'?,'metadata'?,'title'?}); - for stdin"
     )
+    add_engine_args(p)
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The optimizer's own options: target, ordering, probe, language, model."""
     p.add_argument("--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>")
     p.add_argument("--ordering", default="input", choices=ORDERING_NAMES, help="document ordering (default: input)")
     p.add_argument("--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
+    add_language_arg(p)
     add_model_args(p)
 
 
+def add_language_arg(p: argparse.ArgumentParser) -> None:
+    """``--language``: the documents' language (segmentation and BM25 stopwords follow it)."""
+    p.add_argument(
+        "--language",
+        default="en",
+        help="ISO 639 code of the documents' language (en, de, fr, pt-BR, ...): sentence segmentation and BM25 "
+        "stopwords follow it (default: en; the shipped probe was trained on English)",
+    )
+
+
+def optimizer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~rag_opt.ContextOptimizer` keyword arguments of the parsed :func:`add_engine_args` options."""
+    return {
+        "model": args.model,
+        "device": args.device,
+        "dtype": args.dtype,
+        "target": args.target,
+        "ordering": args.ordering,
+        "probe": None if args.probe == "none" else args.probe,
+        "keep_best_per_doc": getattr(args, "keep_best_per_doc", False),
+        "keep_first": getattr(args, "keep_first", False),
+        "calibrate": getattr(args, "calibrate", True),
+        "language": args.language,
+    }
+
+
 def build_optimizer(args: argparse.Namespace) -> Any:
-    """A ContextOptimizer from the shared model/target/ordering/probe arguments."""
+    """A ContextOptimizer from the shared model/target/ordering/probe/language arguments."""
     from rag_opt.pipeline import ContextOptimizer
 
     if not args.query.strip():
         raise UserError("--query is empty")
-    return ContextOptimizer(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        target=args.target,
-        ordering=args.ordering,
-        probe=None if args.probe == "none" else args.probe,
-        keep_best_per_doc=getattr(args, "keep_best_per_doc", False),
-        keep_first=getattr(args, "keep_first", False),
-        calibrate=getattr(args, "calibrate", True),
-    )
+    return ContextOptimizer(**optimizer_kwargs(args))
 
 
 def read_documents(path: str) -> list[dict[str, Any]]:

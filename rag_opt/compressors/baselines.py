@@ -32,12 +32,13 @@ def _title_prefixed(units: UnitTable) -> list[str]:
 
 
 class BM25Scorer:
-    """BM25 of "title. sentence" against the question, with IDF from the context's own units."""
+    """BM25 of "title. sentence" against the question, with IDF from the context's own units and the
+    stopwords of the context's language."""
 
     name = "bm25"
 
     def score(self, question: str, units: UnitTable) -> Scores:
-        unit = bm25_scores(question, _title_prefixed(units)).astype(np.float64)
+        unit = bm25_scores(question, _title_prefixed(units), units.language).astype(np.float64)
         return Scores(unit=unit, doc=units.doc_best(unit), method=self.name)
 
 

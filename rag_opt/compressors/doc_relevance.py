@@ -44,12 +44,13 @@ def document_relevance(
     question: str,
     doc_units: Sequence[Sequence[str]],
     profile: PositionProfile | None,
+    language: str = "en",
 ) -> np.ndarray:
     """Probability that each document (in prompt order) is relevant, from calibrated per-head attention.
 
     ``doc_units`` are the documents as rendered (unit strings, concatenated verbatim). ``profile`` must be the
     calibration profile of the proxy model for exactly ``len(doc_units)`` documents when the probe uses
-    calibrated blocks.
+    calibrated blocks. ``language`` chooses the stopwords of lexical features.
     """
     if probe.layout.level != "document":
         raise ProbeMismatchError(f"document_relevance needs a document-level probe, got level {probe.layout.level!r}")
@@ -59,5 +60,5 @@ def document_relevance(
         # the profile must be the probe model's, for exactly these many documents (raises a clear error)
         profile.check(probe.model, n, profile.template)
         baseline = profile.baseline
-    X = build_doc_features(probe.layout, attn, question, ["".join(d) for d in doc_units], baseline)
+    X = build_doc_features(probe.layout, attn, question, ["".join(d) for d in doc_units], baseline, language)
     return np.asarray(probe.predict_proba(X), dtype=np.float64)

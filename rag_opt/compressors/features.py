@@ -125,11 +125,12 @@ def lexical_features(question: str, units: UnitTable, unit_tokens: np.ndarray) -
     flat = list(units.texts)
     n = len(flat)
     doc_of = units.doc
-    bm = bm25_scores(question, flat)
-    ov = term_overlap(question, flat)
+    language = units.language
+    bm = bm25_scores(question, flat, language)
+    ov = term_overlap(question, flat, language)
     doc_texts = units.document_texts()
-    dbm = bm25_scores(question, doc_texts)
-    dov = term_overlap(question, doc_texts)
+    dbm = bm25_scores(question, doc_texts, language)
+    dov = term_overlap(question, doc_texts, language)
     first = np.zeros(n, dtype=np.float32)
     pos = np.zeros(n, dtype=np.float32)
     for d in range(units.n_docs):
@@ -193,11 +194,12 @@ def build_doc_features(
     question: str,
     doc_texts: Sequence[str],
     baseline: np.ndarray | None,
+    language: str = "en",
 ) -> np.ndarray:
     """Feature matrix (n_docs, layout.size), one row per document in prompt order.
 
     ``baseline`` is the calibration profile's per-slot share (n_docs, n_views, L, H); the ``doc_cal_*``
-    blocks need it.
+    blocks need it. ``language`` chooses the stopwords of the ``doc_lexical`` block.
     """
     if layout.level != "document":
         raise ValueError(f"build_doc_features needs a document-level layout, got level {layout.level!r}")
@@ -228,8 +230,8 @@ def build_doc_features(
         elif block.startswith("doc_raw_"):
             blocks.append(np.log(mass[:, view] * n + EPS).reshape(n, -1))
         elif block == "doc_lexical":
-            bm = bm25_scores(question, list(doc_texts))
-            ov = term_overlap(question, list(doc_texts))
+            bm = bm25_scores(question, list(doc_texts), language)
+            ov = term_overlap(question, list(doc_texts), language)
             top = bm.max() if bm.size and bm.max() > 0 else 1.0
             blocks.append(np.stack([bm / top, np.log1p(bm), ov], axis=1))
     return np.concatenate(blocks, axis=1).astype(np.float32)

@@ -1,7 +1,8 @@
 """Cheap lexical relevance: BM25 (the ``bm25s`` library) of texts against a question.
 
 Used as a baseline in the benchmarks and as extra features inside the probe. The corpus is the texts being
-scored themselves (the units of one context), so IDF reflects what is distinctive in this context.
+scored themselves (the units of one context), so IDF reflects what is distinctive in this context. Stopwords
+follow the context's language (:func:`rag_opt.text.language.stopwords`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from rag_opt.text.language import stopwords
 
 __all__ = ["bm25_scores", "term_overlap"]
 
@@ -26,21 +29,22 @@ def _bm25s() -> Any:
     return bm25s
 
 
-def _tokens(texts: Sequence[str]) -> list[list[str]]:
+def _tokens(texts: Sequence[str], language: str) -> list[list[str]]:
     bm25s = _bm25s()
 
-    out = bm25s.tokenize(list(texts), stopwords="en", return_ids=False, show_progress=False)
+    out = bm25s.tokenize(list(texts), stopwords=list(stopwords(language)), return_ids=False, show_progress=False)
     return [list(t) for t in out]
 
 
-def bm25_scores(question: str, texts: Sequence[str]) -> np.ndarray:
-    """BM25 score of each text for the question (0 for texts sharing no term with it)."""
+def bm25_scores(question: str, texts: Sequence[str], language: str = "en") -> np.ndarray:
+    """BM25 score of each text for the question (0 for texts sharing no term with it), ``language``'s
+    stopwords removed."""
     bm25s = _bm25s()
 
     if not texts:
         return np.zeros(0, dtype=np.float32)
-    corpus = _tokens(texts)
-    query = _tokens([question])[0]
+    corpus = _tokens(texts, language)
+    query = _tokens([question], language)[0]
     if not any(corpus) or not query:
         return np.zeros(len(texts), dtype=np.float32)
     # bm25s cannot index empty documents: give them a placeholder token that no query contains
@@ -54,11 +58,11 @@ def bm25_scores(question: str, texts: Sequence[str]) -> np.ndarray:
     return np.asarray(retriever.get_scores(known), dtype=np.float32)
 
 
-def term_overlap(question: str, texts: Sequence[str]) -> np.ndarray:
-    """Share of the question's distinct content terms that occur in each text."""
+def term_overlap(question: str, texts: Sequence[str], language: str = "en") -> np.ndarray:
+    """Share of the question's distinct content terms (``language``'s stopwords removed) in each text."""
     if not texts:
         return np.zeros(0, dtype=np.float32)
-    q = set(_tokens([question])[0])
+    q = set(_tokens([question], language)[0])
     if not q:
         return np.zeros(len(texts), dtype=np.float32)
-    return np.asarray([len(q & set(t)) / len(q) for t in _tokens(texts)], dtype=np.float32)
+    return np.asarray([len(q & set(t)) / len(q) for t in _tokens(texts, language)], dtype=np.float32)

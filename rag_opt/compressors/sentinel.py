@@ -158,7 +158,7 @@ class SentinelCompressor:
                     f"of proxy model {self.proxy.name} (build one with `rag-opt calibrate --n-docs {n_docs}`)"
                 )
             else:
-                doc = document_relevance(self.doc_probe, attn, question, docs, profile)
+                doc = document_relevance(self.doc_probe, attn, question, docs, profile, units.language)
                 calibrated = True
         return Scores(
             unit=unit,

@@ -30,6 +30,7 @@ class UnitTable:
     document's text; ``-1`` for a title row, which is not part of the text), ``kind``, ``tokens`` (target-LLM
     tokens), ``candidate`` and ``texts`` (what the proxy reads). Per document (length ``n_docs``): ``titles``,
     ``title_tokens`` and ``text_tokens`` (the whole text: BPE merges across units make it differ from the sum).
+    ``language`` is the ISO 639 code the documents were segmented with (scorers' lexical features follow it).
     """
 
     doc: np.ndarray
@@ -43,6 +44,7 @@ class UnitTable:
     titles: tuple[str | None, ...] = ()
     title_tokens: np.ndarray | None = None
     text_tokens: np.ndarray | None = None
+    language: str = "en"
 
     # -- building ---------------------------------------------------------------------------------------
     @classmethod
@@ -91,6 +93,7 @@ class UnitTable:
             titles=tuple(titles),
             title_tokens=np.asarray(title_tokens, dtype=np.int64),
             text_tokens=np.asarray(text_tokens, dtype=np.int64),
+            language=language,
         )
 
     @classmethod

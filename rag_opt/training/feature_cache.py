@@ -2,13 +2,16 @@
 
 Features are stored in shards (``shard-00000.npz``, plain numpy arrays, no pickle) under
 ``<root>/<model>/<dataset>/``; each shard holds many examples keyed by id. Extraction is resumable: ids already
-cached are skipped, so a long background run can be stopped and restarted.
+cached are skipped, so a long background run can be stopped and restarted. Several extraction processes may
+write to one cache at once: each shard is written under a temporary name and then claimed atomically under a
+free shard name, so no writer overwrites another's shard and readers never see a partial one.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,28 +72,61 @@ class FeatureCache:
         return out
 
     def write_shard(self, items: Sequence[CachedExample]) -> Path:
+        """Write ``items`` as a new shard and return its path; never overwrites another writer's shard.
+
+        The shard is written to a temporary file of its own, then claimed under the first free
+        ``shard-NNNNN.npz`` name with a hard link, which fails instead of replacing a name another process has
+        just claimed (readers only ever see complete shards). Where hard links are not supported, the name is
+        claimed under a file lock instead.
+        """
         self.root.mkdir(parents=True, exist_ok=True)
-        n = len(self.shards())
-        path = self.root / f"shard-{n:05d}.npz"
-        while path.exists():
-            n += 1
-            path = self.root / f"shard-{n:05d}.npz"
         uo = np.cumsum([0] + [it.features.unit.shape[0] for it in items])
         do = np.cumsum([0] + [it.features.doc_mass.shape[0] for it in items])
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(
-            tmp,
-            ids=np.array([it.id for it in items]),
-            unit=np.concatenate([it.features.unit for it in items]).astype(np.float16),
-            doc_mass=np.concatenate([it.features.doc_mass for it in items]).astype(np.float16),
-            unit_tokens=np.concatenate([it.features.unit_tokens for it in items]),
-            unit_offsets=uo,
-            doc_offsets=do,
-            ctx=np.array([it.features.context_tokens for it in items]),
-            windows=np.array([it.features.windows for it in items]),
-        )
-        os.replace(tmp, path)
-        return path
+        tmp = self.root / f"tmp-shard-{uuid.uuid4().hex}.npz"  # this writer's own name (not matched by shards())
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.savez(
+                    fh,
+                    ids=np.array([it.id for it in items]),
+                    unit=np.concatenate([it.features.unit for it in items]).astype(np.float16),
+                    doc_mass=np.concatenate([it.features.doc_mass for it in items]).astype(np.float16),
+                    unit_tokens=np.concatenate([it.features.unit_tokens for it in items]),
+                    unit_offsets=uo,
+                    doc_offsets=do,
+                    ctx=np.array([it.features.context_tokens for it in items]),
+                    windows=np.array([it.features.windows for it in items]),
+                )
+                fh.flush()
+                os.fsync(fh.fileno())
+            return self._claim(tmp)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def _claim(self, tmp: Path) -> Path:
+        """Give the finished file ``tmp`` the first free shard name, atomically (see :meth:`write_shard`)."""
+        n = len(self.shards())
+        while True:
+            path = self.root / f"shard-{n:05d}.npz"
+            try:
+                os.link(tmp, path)  # atomic; FileExistsError when the name is taken
+                return path
+            except FileExistsError:
+                n += 1
+            except OSError as exc:  # no hard links on this filesystem: claim the name under a lock
+                logger.debug("hard link failed in %s (%s); claiming the shard name under a file lock", self.root, exc)
+                return self._claim_locked(tmp, n)
+
+    def _claim_locked(self, tmp: Path, n: int) -> Path:
+        from filelock import FileLock
+
+        with FileLock(str(self.root / ".shards.lock")):
+            path = self.root / f"shard-{n:05d}.npz"
+            while path.exists():
+                n += 1
+                path = self.root / f"shard-{n:05d}.npz"
+            os.replace(tmp, path)
+            return path
 
 
 def fill_cache(

@@ -1,0 +1,490 @@
+"""Batch optimization at scale on Ray Data: a callable class for ``Dataset.map_batches`` and a resumable job.
+
+:class:`BatchOptimizer` follows Ray's callable-class pattern: a :class:`~rag_opt.ContextOptimizer` holds a loaded
+model and is not picklable, so each actor builds its own once (in ``__init__``) and reuses it for every batch::
+
+    import ray
+    from rag_opt.batch import BatchOptimizer
+
+    ds = ray.data.read_parquet("rows.parquet")  # columns: question, documents (+ any others, passed through)
+    out = ds.map_batches(BatchOptimizer, fn_constructor_kwargs={"ratio": 0.33}, batch_format="pyarrow",
+                         concurrency=4, num_cpus=1)
+
+Each output row gets ``context`` (the optimized context), ``documents_json`` (the kept documents as a JSON list:
+id, index, title, text, metadata, score, raw_score, retriever_score, kept_spans, tokens_before, tokens_after),
+``tokens_before``, ``tokens_after`` and ``error``: a row that cannot be optimized gets its error message there
+(and nulls in the other output columns) and the job goes on. Every row is optimized exactly as
+``ContextOptimizer(...).optimize(question, documents)`` would.
+
+:func:`run_batch` (``rag-opt batch``) is the job around it: it reads JSONL or Parquet rows, runs them on a local
+Ray or a cluster, and writes the output as a folder of Parquet parts (``part-00000.parquet``, ...), each part a
+fixed range of input rows written atomically once all its rows are done; a rerun skips the parts already written.
+
+Needs the ``ray`` extra (``pip install 'rag-opt[ray]'``: Ray Data, with pyarrow).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rag_opt.errors import ConfigurationError, InvalidInputError, RagOptError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
+
+    from rag_opt.types import OptimizeResult
+
+__all__ = [
+    "MANIFEST",
+    "OUTPUT_COLUMNS",
+    "BatchOptimizer",
+    "BatchSummary",
+    "read_rows",
+    "run_batch",
+    "summary_dict",
+]
+
+logger = logging.getLogger(__name__)
+
+OUTPUT_COLUMNS = ("context", "documents_json", "tokens_before", "tokens_after", "error")
+MANIFEST = "_rag_opt_batch.json"  # in the output folder; readers of Parquet folders skip names starting with "_"
+_PART = "part-{:05d}.parquet"
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow
+    except ImportError:
+        raise ConfigurationError("batch optimization needs the ray extra: pip install 'rag-opt[ray]'") from None
+    return pyarrow
+
+
+class BatchOptimizer:
+    """Optimizes a batch of rows (``question`` and ``documents`` columns); for ``Dataset.map_batches``.
+
+    Args:
+        ratio / target_tokens / threshold: the budget (at most one; see :class:`~rag_opt.ContextOptimizer`).
+        preload: load the proxy model in the constructor (once per Ray actor), not on the first batch.
+        **options: every other :class:`~rag_opt.ContextOptimizer` option (``ordering``, ``language``,
+            ``target``, ``model``, ``device``, ...). They must be picklable: Ray sends them to each actor.
+
+    A batch is a ``pyarrow.Table`` (``batch_format="pyarrow"``, recommended), a ``pandas.DataFrame`` or a dict of
+    arrays; the result is a ``pyarrow.Table``: the input columns (passed through) and :data:`OUTPUT_COLUMNS`.
+    ``documents`` is, per row, a list of strings or of ``{text, id?, title?, metadata?, score?}`` objects, or
+    that list as a JSON string (for rows whose document shapes differ: an Arrow column holds one type). A row
+    that arrives with a non-null ``error`` is passed through untouched (an earlier stage already rejected it).
+    """
+
+    def __init__(
+        self,
+        *,
+        ratio: float | None = None,
+        target_tokens: int | None = None,
+        threshold: float | None = None,
+        preload: bool = True,
+        **options: Any,
+    ) -> None:
+        from rag_opt.pipeline import ContextOptimizer
+
+        self.optimizer = ContextOptimizer(ratio=ratio, target_tokens=target_tokens, threshold=threshold, **options)
+        if preload and self.optimizer.budget.compresses:
+            self.optimizer.scorer()  # the model loads here, once per actor
+
+    def __call__(self, batch: Any) -> pa.Table:
+        pa = _pyarrow()
+        table = _as_table(batch)
+        n = table.num_rows
+        questions = _column(table, "question", n)
+        documents = _column(table, "documents", n)
+        errors_in = _column(table, "error", n)
+        out: dict[str, list[Any]] = {c: [] for c in OUTPUT_COLUMNS}
+        for question, docs, error in zip(questions, documents, errors_in, strict=True):
+            row = _optimize_row(self.optimizer, question, docs) if error is None else {"error": error}
+            for c in OUTPUT_COLUMNS:
+                out[c].append(row.get(c))
+        types = {"tokens_before": pa.int64(), "tokens_after": pa.int64()}
+        for c in OUTPUT_COLUMNS:
+            col = pa.array(out[c], type=types.get(c, pa.string()))
+            if c in table.column_names:
+                table = table.set_column(table.column_names.index(c), c, col)
+            else:
+                table = table.append_column(c, col)
+        return table
+
+
+def _as_table(batch: Any) -> pa.Table:
+    pa = _pyarrow()
+    if isinstance(batch, pa.Table):
+        return batch
+    if hasattr(batch, "to_dict") and hasattr(batch, "columns"):  # pandas.DataFrame
+        return pa.Table.from_pydict({c: _plain(batch[c].tolist()) for c in batch.columns})
+    if isinstance(batch, Mapping):  # Ray's numpy batch format: column -> array
+        return pa.Table.from_pydict({c: _plain(list(v)) for c, v in batch.items()})
+    raise InvalidInputError(f"a batch must be a pyarrow Table, a pandas DataFrame or a dict of columns, got {batch!r}")
+
+
+def _plain(values: list[Any]) -> list[Any]:
+    """numpy arrays and scalars (pandas / numpy batches) as plain Python values."""
+    out = []
+    for v in values:
+        if hasattr(v, "tolist"):
+            v = v.tolist()
+        out.append(v)
+    return out
+
+
+def _column(table: pa.Table, name: str, n: int) -> list[Any]:
+    return table.column(name).to_pylist() if name in table.column_names else [None] * n
+
+
+def _optimize_row(optimizer: Any, question: Any, documents: Any) -> dict[str, Any]:
+    try:
+        if question is None:
+            raise InvalidInputError("the row has no question")
+        if documents is None:
+            raise InvalidInputError("the row has no documents")
+        if isinstance(documents, str):
+            try:
+                documents = json.loads(documents)
+            except json.JSONDecodeError as exc:
+                raise InvalidInputError(f"documents is not valid JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(documents, list):
+                raise InvalidInputError(f"documents must be a JSON list, got {type(documents).__name__}")
+        result = optimizer.optimize(question, documents)
+    except RagOptError as exc:
+        logger.info("row not optimized: %s", exc)
+        return {"error": str(exc)}
+    except Exception as exc:  # a batch job records a failed row and goes on
+        logger.warning("row not optimized: %s: %s", type(exc).__name__, exc, exc_info=True)
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return _row_output(result)
+
+
+def _row_output(result: OptimizeResult) -> dict[str, Any]:
+    docs = [d.model_dump(mode="json", exclude={"units"}) for d in result.documents]
+    return {
+        "context": result.context(),
+        "documents_json": json.dumps(docs, ensure_ascii=False),
+        "tokens_before": result.tokens_before,
+        "tokens_after": result.tokens_after,
+        "error": None,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The job: rows in, parts out
+# ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BatchSummary:
+    """What :func:`run_batch` did."""
+
+    rows: int
+    parts: int
+    parts_skipped: int  # already written by an earlier run
+    rows_optimized: int  # in this run
+    rows_failed: int  # in this run: rows with an error
+    seconds: float
+    output: str
+    failed_examples: list[str] = field(default_factory=list)
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows_optimized / self.seconds if self.seconds > 0 else 0.0
+
+
+def _input_schema() -> pa.Schema:
+    pa = _pyarrow()
+    return pa.schema(
+        [
+            ("row", pa.int64()),
+            ("id", pa.string()),
+            ("question", pa.string()),
+            ("documents", pa.string()),
+            ("error", pa.string()),
+        ]
+    )
+
+
+def _output_schema() -> pa.Schema:
+    pa = _pyarrow()
+    return pa.schema(
+        [
+            ("row", pa.int64()),
+            ("id", pa.string()),
+            ("question", pa.string()),
+            ("context", pa.string()),
+            ("documents_json", pa.string()),
+            ("tokens_before", pa.int64()),
+            ("tokens_after", pa.int64()),
+            ("error", pa.string()),
+        ]
+    )
+
+
+def _id_text(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def read_rows(path: str | Path) -> pa.Table:
+    """The rows of a JSONL or Parquet file as a table (``row``, ``id``, ``question``, ``documents``, ``error``).
+
+    JSONL: one object per non-blank line with ``question`` and ``documents`` (and optionally ``id``); a line that
+    is not valid JSON, not an object, or has no string ``question`` or no ``documents`` becomes a row with its
+    ``error`` set (with the line number), so the job reports it and goes on. ``documents`` is carried as JSON
+    text (rows may give documents of different shapes). Parquet: the ``question`` and ``documents`` columns (and
+    ``id`` if present) as they are.
+    """
+    pa = _pyarrow()
+    p = Path(path)
+    if not p.is_file():
+        raise InvalidInputError(f"input file not found: {path}")
+    if p.suffix == ".parquet":
+        return _read_parquet(p)
+    if p.suffix not in (".jsonl", ".json", ".ndjson"):
+        raise InvalidInputError(f"input must be a .jsonl or .parquet file, got {p.name}")
+    cols: dict[str, list[Any]] = {"row": [], "id": [], "question": [], "documents": [], "error": []}
+    with p.open(encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            rec, error = _parse_line(line, line_no)
+            cols["row"].append(len(cols["row"]))
+            cols["id"].append(_id_text(rec.get("id")) if rec else None)
+            question = rec.get("question") if rec else None
+            docs = rec.get("documents") if rec else None
+            if error is None and not isinstance(question, str):
+                error = f"line {line_no}: " + (
+                    "missing 'question'" if question is None else "'question' must be a string"
+                )
+            if error is None and docs is None:
+                error = f"line {line_no}: missing 'documents'"
+            cols["question"].append(question if isinstance(question, str) else None)
+            cols["documents"].append(None if docs is None else json.dumps(docs, ensure_ascii=False))
+            cols["error"].append(error)
+    if not cols["row"]:
+        raise InvalidInputError(f"{path} holds no rows")
+    return pa.Table.from_pydict(cols, schema=_input_schema())
+
+
+def _parse_line(line: str, line_no: int) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as exc:
+        return None, f"line {line_no}: invalid JSON ({exc.msg} at column {exc.colno})"
+    if not isinstance(rec, dict):
+        return None, f"line {line_no}: expected a JSON object with 'question' and 'documents'"
+    return rec, None
+
+
+def _read_parquet(path: Path) -> pa.Table:
+    pa = _pyarrow()
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    missing = [c for c in ("question", "documents") if c not in table.column_names]
+    if missing:
+        raise InvalidInputError(f"{path} has no column(s) {missing}; it needs 'question' and 'documents'")
+    if table.num_rows == 0:
+        raise InvalidInputError(f"{path} holds no rows")
+    ids = table.column("id").to_pylist() if "id" in table.column_names else [None] * table.num_rows
+    return pa.Table.from_arrays(
+        [
+            pa.array(range(table.num_rows), pa.int64()),
+            pa.array([_id_text(v) for v in ids], pa.string()),
+            table.column("question").cast(pa.string()),
+            table.column("documents"),
+            pa.nulls(table.num_rows, pa.string()),
+        ],
+        names=["row", "id", "question", "documents", "error"],
+    )
+
+
+def _check_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    """Write the run's manifest, or check that an earlier run's parts were made the same way."""
+    path = out / MANIFEST
+    if path.is_file():
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+        differs = sorted(k for k in ("rows", "rows_per_part", "settings") if earlier.get(k) != manifest.get(k))
+        if differs:
+            raise ConfigurationError(
+                f"{out} holds parts of another run (different {', '.join(differs)}): use another --output, or "
+                f"remove {out} to start over"
+            )
+        return
+    if any(out.glob("part-*.parquet")):
+        raise ConfigurationError(f"{out} holds parts without a {MANIFEST}: use another --output")
+    tmp = out / f".{MANIFEST}.{uuid.uuid4().hex}"
+    tmp.write_text(json.dumps(manifest, indent=2, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _write_part(out: Path, k: int, table: pa.Table) -> None:
+    import pyarrow.parquet as pq
+
+    tmp = out / f".{_PART.format(k)}.{uuid.uuid4().hex}"
+    pq.write_table(table, tmp)
+    os.replace(tmp, out / _PART.format(k))
+
+
+def run_batch(
+    input: str | Path,
+    output: str | Path,
+    *,
+    ray_address: str | None = None,
+    actors: int = 1,
+    num_cpus: int | None = None,
+    cpus_per_actor: float = 1.0,
+    rows_per_part: int = 100,
+    batch_size: int = 4,
+    progress: bool = True,
+    **optimizer_options: Any,
+) -> BatchSummary:
+    """Optimize every row of ``input`` (JSONL or Parquet) on Ray and write ``output`` (a folder of Parquet parts).
+
+    Args:
+        ray_address: a running cluster (``ray://host:10001``, ``host:6379`` or ``auto``); None: a new local Ray
+            (``num_cpus`` CPUs, default all). A Ray already initialized in this process is used either way (and
+            left running).
+        actors: optimizer actors (each loads the proxy model once); ``cpus_per_actor`` CPUs each.
+        rows_per_part: input rows per output part; a part is written once all its rows are done, and a rerun
+            with the same output folder (same rows and settings) skips the parts already there.
+        batch_size: rows per ``map_batches`` call.
+        **optimizer_options: :class:`BatchOptimizer` options (``ratio``, ``target_tokens``, ``ordering``,
+            ``language``, ``model``, ...).
+
+    Output columns: ``row`` (0-based input row), ``id``, ``question`` and :data:`OUTPUT_COLUMNS`.
+    """
+    if actors < 1 or rows_per_part < 1 or batch_size < 1:
+        raise InvalidInputError("actors, rows_per_part and batch_size must be at least 1")
+    from rag_opt.pipeline import ContextOptimizer
+
+    ContextOptimizer(**optimizer_options)  # validate the settings here, before any actor starts
+    t0 = time.perf_counter()
+    rows = read_rows(input)
+    n = rows.num_rows
+    n_parts = math.ceil(n / rows_per_part)
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {k: v for k, v in sorted(optimizer_options.items()) if v is not None}
+    _check_manifest(
+        out,
+        {"input": str(Path(input).resolve()), "rows": n, "rows_per_part": rows_per_part, "settings": settings},
+    )
+    pending = [k for k in range(n_parts) if not (out / _PART.format(k)).is_file()]
+    skipped = n_parts - len(pending)
+    if skipped:
+        logger.info("%d of %d parts already written in %s: skipped", skipped, n_parts, out)
+    summary = BatchSummary(n, n_parts, skipped, 0, 0, 0.0, str(out))
+    if pending:
+        parts = {k: rows.slice(k * rows_per_part, rows_per_part) for k in pending}
+        for table in _run_on_ray(
+            parts,
+            rows_per_part,
+            ray_address=ray_address,
+            actors=actors,
+            num_cpus=num_cpus,
+            cpus_per_actor=cpus_per_actor,
+            batch_size=batch_size,
+            progress=progress,
+            optimizer_options=optimizer_options,
+        ):
+            k = int(table.column("row")[0].as_py()) // rows_per_part
+            _write_part(out, k, table)
+            errors = [e for e in table.column("error").to_pylist() if e is not None]
+            summary.rows_optimized += table.num_rows
+            summary.rows_failed += len(errors)
+            summary.failed_examples.extend(errors[: max(0, 5 - len(summary.failed_examples))])
+            logger.info("wrote %s (%d rows, %d with an error)", _PART.format(k), table.num_rows, len(errors))
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def _run_on_ray(
+    parts: dict[int, pa.Table],
+    rows_per_part: int,
+    *,
+    ray_address: str | None,
+    actors: int,
+    num_cpus: int | None,
+    cpus_per_actor: float,
+    batch_size: int,
+    progress: bool,
+    optimizer_options: dict[str, Any],
+) -> Iterator[pa.Table]:
+    """Run the parts through :class:`BatchOptimizer` on Ray; yield each part (sorted by row) once complete."""
+    pa = _pyarrow()
+    import pyarrow.compute as pc
+
+    try:
+        import ray
+        import ray.data
+    except ImportError:
+        raise ConfigurationError("rag-opt batch needs the ray extra: pip install 'rag-opt[ray]'") from None
+
+    started = not ray.is_initialized()  # a Ray this process already runs is used, and left running
+    if started and ray_address is not None:
+        ray.init(address=ray_address, log_to_driver=True)
+    elif started:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=True)
+    elif ray_address is not None:
+        logger.warning("Ray is already initialized in this process: it is used, not %s", ray_address)
+    context = ray.data.DataContext.get_current()
+    show_progress = context.enable_progress_bars
+    try:
+        context.enable_progress_bars = progress
+        sizes = {k: t.num_rows for k, t in parts.items()}
+        # one block per batch: Ray hands whole blocks to actors, so blocks this small keep every actor busy
+        blocks = [t.slice(i, batch_size) for t in parts.values() for i in range(0, t.num_rows, batch_size)]
+        ds: Any = ray.data.from_arrow(blocks)
+        ds = ds.map_batches(
+            BatchOptimizer,
+            fn_constructor_kwargs=optimizer_options,
+            batch_size=batch_size,
+            batch_format="pyarrow",
+            compute=ray.data.ActorPoolStrategy(size=actors),
+            num_cpus=cpus_per_actor,
+        )
+        schema = _output_schema()
+        buffers: dict[int, list[Any]] = {}
+        done: dict[int, int] = {}
+        batch: Any
+        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            batch = batch.drop_columns(["documents"]).select(schema.names).cast(schema)
+            for k, piece in _split_by_part(batch, rows_per_part):
+                buffers.setdefault(k, []).append(piece)
+                done[k] = done.get(k, 0) + piece.num_rows
+                if done[k] == sizes[k]:
+                    table = pa.concat_tables(buffers.pop(k))
+                    yield table.take(pc.sort_indices(table, [("row", "ascending")]))
+        if buffers:  # pragma: no cover - Ray lost rows
+            raise RuntimeError(f"parts {sorted(buffers)} did not get all their rows back from Ray")
+    finally:
+        context.enable_progress_bars = show_progress
+        if started:
+            ray.shutdown()
+
+
+def _split_by_part(batch: pa.Table, rows_per_part: int) -> Sequence[tuple[int, pa.Table]]:
+    """The rows of ``batch`` grouped by the output part they belong to."""
+    groups: dict[int, list[int]] = {}
+    for i, row in enumerate(batch.column("row").to_pylist()):
+        groups.setdefault(row // rows_per_part, []).append(i)
+    return [(k, batch.take(idx)) for k, idx in groups.items()]
+
+
+def summary_dict(summary: BatchSummary) -> dict[str, Any]:
+    """The summary as plain data (with ``rows_per_second``)."""
+    return {**asdict(summary), "rows_per_second": summary.rows_per_second}
