@@ -107,8 +107,7 @@ class BatchOptimizer:
         documents = _column(table, "documents", n)
         errors_in = _column(table, "error", n)
         out: dict[str, list[Any]] = {c: [] for c in OUTPUT_COLUMNS}
-        for question, docs, error in zip(questions, documents, errors_in, strict=True):
-            row = _optimize_row(self.optimizer, question, docs) if error is None else {"error": error}
+        for row in self._optimize_rows(questions, documents, errors_in):
             for c in OUTPUT_COLUMNS:
                 out[c].append(row.get(c))
         types = {"tokens_before": pa.int64(), "tokens_after": pa.int64()}
@@ -119,6 +118,47 @@ class BatchOptimizer:
             else:
                 table = table.append_column(c, col)
         return table
+
+    def _optimize_rows(self, questions: list[Any], documents: list[Any], errors: list[Any]) -> list[dict[str, Any]]:
+        """The batch's valid rows through one ``optimize_batch`` (shared forward passes); when that fails (one
+        bad row fails the call), row by row, so each row gets its own result or error."""
+        rows: list[dict[str, Any]] = []
+        todo: list[tuple[int, str, list[Any]]] = []
+        for i, (question, docs, error) in enumerate(zip(questions, documents, errors, strict=True)):
+            if error is not None:
+                rows.append({"error": error})
+                continue
+            try:
+                todo.append((i, *_parse_row(question, docs)))
+            except RagOptError as exc:
+                rows.append({"error": str(exc)})
+                continue
+            rows.append({})
+        if todo:
+            try:
+                results = self.optimizer.optimize_batch([q for _, q, _ in todo], [d for _, _, d in todo])
+            except Exception:  # one bad row fails the batch: row by row
+                for i, q, d in todo:
+                    rows[i] = _optimize_row(self.optimizer, q, d)
+            else:
+                for (i, _, _), result in zip(todo, results, strict=True):
+                    rows[i] = _row_output(result)
+        return rows
+
+
+def _parse_row(question: Any, documents: Any) -> tuple[Any, Any]:
+    if question is None:
+        raise InvalidInputError("the row has no question")
+    if documents is None:
+        raise InvalidInputError("the row has no documents")
+    if isinstance(documents, str):
+        try:
+            documents = json.loads(documents)
+        except json.JSONDecodeError as exc:
+            raise InvalidInputError(f"documents is not valid JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(documents, list):
+            raise InvalidInputError(f"documents must be a JSON list, got {type(documents).__name__}")
+    return question, documents
 
 
 def _as_table(batch: Any) -> pa.Table:
@@ -148,18 +188,7 @@ def _column(table: pa.Table, name: str, n: int) -> list[Any]:
 
 def _optimize_row(optimizer: Any, question: Any, documents: Any) -> dict[str, Any]:
     try:
-        if question is None:
-            raise InvalidInputError("the row has no question")
-        if documents is None:
-            raise InvalidInputError("the row has no documents")
-        if isinstance(documents, str):
-            try:
-                documents = json.loads(documents)
-            except json.JSONDecodeError as exc:
-                raise InvalidInputError(f"documents is not valid JSON ({exc.msg} at column {exc.colno})") from None
-            if not isinstance(documents, list):
-                raise InvalidInputError(f"documents must be a JSON list, got {type(documents).__name__}")
-        result = optimizer.optimize(question, documents)
+        result = optimizer.optimize(*_parse_row(question, documents))
     except RagOptError as exc:
         logger.info("row not optimized: %s", exc)
         return {"error": str(exc)}
