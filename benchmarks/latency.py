@@ -58,7 +58,7 @@ def default_configs(probe_dir: str | None) -> list[Config]:
         for path in sorted(Path(probe_dir).glob("sentence-L*.json")):
             k = path.stem.split("-L")[-1]
             doc = Path(probe_dir) / f"doc-L{k}.json"
-            doc_probe = str(doc) if doc.is_file() else "none"
+            doc_probe = str(doc) if doc.is_file() else "auto"  # read only by orderings that use document relevance
             for dtype, short in (("float32", "fp32"), ("bfloat16", "bf16")):
                 configs.append(Config(f"{short}-L{k}-t1", dtype=dtype, probe=str(path), doc_probe=doc_probe))
     return configs
@@ -173,6 +173,61 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    """``optimize_batch`` of N questions against N single calls, same precision and threads, interleaved
+    ``--rounds`` times (each round: both, alternating which goes first)."""
+    from common import data_dir
+
+    from rag_opt.training.datasets import read_hotpotqa
+
+    examples = read_hotpotqa(data_dir() / "hotpotqa" / "dev.jsonl.gz", seed=0, limit=args.throughput)
+    questions = [ex.question for ex in examples]
+    docs = [[{"id": t, "title": t, "text": ex.paragraph_text(p)} for p, t in enumerate(ex.titles)] for ex in examples]
+    dtype = args.dtype
+    configs = [
+        Config(f"single-{dtype}", dtype=dtype),
+        Config(f"batch{len(examples)}-{dtype}", dtype=dtype, batch=len(examples)),
+    ]
+    ctx = mp.get_context("spawn")
+    workers = []
+    for cfg in configs:
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(cfg, child), daemon=True)
+        proc.start()
+        workers.append((cfg, parent, proc))
+    for cfg, conn, _ in workers:
+        if conn.recv() != "ready":
+            raise SystemExit(f"worker {cfg.name} failed to start")
+    seconds: dict[str, list[float]] = {c.name: [] for c in configs}
+    same = True
+    try:
+        for r in range(args.rounds):
+            outputs = {}
+            for k in range(2):
+                cfg, conn, _ = workers[(r + k) % 2]
+                conn.send((questions, docs))
+                ms, results, _ = conn.recv()
+                seconds[cfg.name].append(ms / 1e3)
+                outputs[cfg.name] = [json.loads(x)["documents"] for x in results]
+            a, b = outputs.values()
+            kept = lambda out: [[d["kept_spans"] for d in docs_] for docs_ in out]  # noqa: E731
+            same = same and kept(a) == kept(b)
+    finally:
+        for _, conn, proc in workers:
+            conn.send(None)
+            proc.join(timeout=30)
+    med = {name: statistics.median(v) for name, v in seconds.items()}
+    single, batch = (c.name for c in configs)
+    return {
+        "questions": len(examples),
+        "rounds": args.rounds,
+        "median_seconds": med,
+        "questions_per_second": {n: len(examples) / v for n, v in med.items()},
+        "batch_speedup": med[single] / med[batch],
+        "same_kept_spans": same,
+    }
+
+
 def print_table(res: dict[str, Any]) -> None:
     print(
         f"{res['questions']} HotpotQA dev questions, budget 1/3 (o200k), {res['contention_processes']} busy "
@@ -216,7 +271,15 @@ def main() -> None:
     ap.add_argument("--contention", type=int, default=0, help="busy processes competing during the run")
     ap.add_argument("--out", default=str(RESULTS / "latency"))
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--throughput", type=int, default=0, help="N: optimize_batch of N questions vs N single calls")
+    ap.add_argument("--rounds", type=int, default=2, help="with --throughput: interleaved rounds")
+    ap.add_argument("--dtype", default="float32", help="with --throughput: the precision")
     args = ap.parse_args()
+    if args.throughput:
+        res_t = run_throughput(args)
+        Path(args.out).with_suffix(".throughput.json").write_text(json.dumps(res_t, indent=2))
+        print(json.dumps(res_t, indent=2))
+        return
     out = Path(args.out)
     from common import data_dir
 
