@@ -270,6 +270,23 @@ def serve_proxy(upstream_url: str, optimizer: Any, **settings: Any) -> Iterator[
         yield server.url, app.state.ragopt
 
 
+class BudgetClock:
+    """Decides when the proxy's optimizer time budgets run out, instead of the wall clock: :meth:`install` it
+    on a ``ProxyState``, then every budget waiting meanwhile (and later) runs out at :meth:`expire`."""
+
+    def __init__(self) -> None:
+        self.expired = threading.Event()
+
+    def install(self, state: Any) -> None:
+        state.pool.sleep = self.sleep
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.to_thread.run_sync(self.expired.wait, abandon_on_cancel=True)
+
+    def expire(self) -> None:
+        self.expired.set()
+
+
 def bm25_optimizer() -> Any:
     """rag-opt's real pipeline with the BM25 scorer (no proxy model)."""
     from rag_opt import ContextOptimizer
