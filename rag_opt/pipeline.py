@@ -30,6 +30,7 @@ from rag_opt.types import (
     check_ordering,
     to_documents,
 )
+from rag_opt.work import check_units, checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.models.loader import ProxyModel
@@ -187,9 +188,11 @@ class ContextOptimizer:
         docs = _check_documents(documents)
         with _timed(timings, "segment_ms"):
             units = UnitTable.build(docs, self.counter.count, self.language)
+        check_units(units.n_units)  # limits and cancellation (rag_opt.work): before the expensive stages
         limit = budget.tokens(units.tokens_before)
         shrink = budget.compresses and (limit is None or limit < units.tokens_before)
         scores = self._score(query, units, timings) if shrink or orderer.reorders else None
+        checkpoint()
         with _timed(timings, "select_ms"):
             selection = select(
                 units,
@@ -199,6 +202,7 @@ class ContextOptimizer:
                 threshold=budget.threshold if shrink else None,
                 options=self.selection_options,
             )
+        checkpoint()
         with _timed(timings, "order_ms"):
             ordering_ = _order(query, orderer, units, scores, selection)
         timings.total_ms = (time.perf_counter() - t0) * 1e3

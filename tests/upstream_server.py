@@ -33,6 +33,7 @@ from typing import Any
 import anyio
 import uvicorn
 
+UNLIMITED_MS = 86_400_000  # a time budget no test reaches: a day
 MODELS = {"object": "list", "data": [{"id": "fake-llm", "object": "model", "created": 0, "owned_by": "tests"}]}
 
 
@@ -213,18 +214,18 @@ class FakeUpstream:
 
 
 class ServerThread:
-    """Serve an ASGI app with uvicorn on 127.0.0.1 (a free port) in a daemon thread."""
+    """Serve an ASGI app with uvicorn on 127.0.0.1 (a free port) in a daemon thread; ``options``: more
+    ``uvicorn.Config`` arguments (e.g. the proxy's own, :func:`rag_opt.server.http.uvicorn_options`)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **options: Any) -> None:
         # proto IPPROTO_TCP (not 0): asyncio then sets TCP_NODELAY on accepted connections, as it does for a
         # socket it creates itself (uvicorn.run); without it, Nagle + delayed ACKs add ~40 ms per response
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(
-            app, log_level="warning", lifespan="on", server_header=False, date_header=False, access_log=False
-        )
+        values = {"server_header": False, "date_header": False, "access_log": False, **options}
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", **values)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
@@ -260,13 +261,17 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 @contextmanager
 def serve_proxy(upstream_url: str, optimizer: Any, **settings: Any) -> Iterator[tuple[str, Any]]:
-    """Run the proxy app (uvicorn, 127.0.0.1) in front of ``upstream_url``; yields (url, ProxyState)."""
+    """Run the proxy app in front of ``upstream_url`` with the serving options of ``rag-opt serve`` (uvicorn,
+    127.0.0.1); yields (url, ProxyState). The time budget is a day: a test of optimization never depends on the
+    machine's speed (tests of the budget itself use :class:`BudgetClock`)."""
     from rag_opt.server.app import create_app
+    from rag_opt.server.http import uvicorn_options
     from rag_opt.server.settings import ProxySettings
 
-    values = {"upstream": f"{upstream_url}/v1", "time_budget_ms": 300_000, "warmup": False, "tool_min_chars": 300}
-    app = create_app(ProxySettings(**{**values, **settings}), optimizer=optimizer)
-    with ServerThread(app) as server:
+    values = {"upstream": f"{upstream_url}/v1", "time_budget_ms": UNLIMITED_MS, "warmup": False, "tool_min_chars": 300}
+    proxy_settings = ProxySettings(**{**values, **settings})
+    app = create_app(proxy_settings, optimizer=optimizer)
+    with ServerThread(app, **uvicorn_options(proxy_settings, app.state.ragopt.metrics)) as server:
         yield server.url, app.state.ragopt
 
 

@@ -25,6 +25,7 @@ import numpy as np
 from rag_opt.errors import InvalidInputError
 from rag_opt.models.capture import Capture, capturing
 from rag_opt.models.prompt import ANSWER_SUFFIX, CONTEXT_PREFIX, QUESTION_PREFIX, VIEWS, PromptLayout, render_prompt
+from rag_opt.work import check_proxy_tokens, checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.models.loader import ProxyModel
@@ -136,6 +137,7 @@ def extract(
     first_unit = np.cumsum([0] + [len(u) for u in docs])
     max_ctx = 0
     for window in windows:
+        checkpoint()  # between forward passes: stop here if the caller gave up (rag_opt.work)
         w_docs = [docs[d][a:b] for d, a, b in window]
         sums, counts, n_ctx = _run_window(proxy, w_docs, question)
         max_ctx = max(max_ctx, n_ctx)
@@ -159,6 +161,7 @@ def _plan_windows(
     if not all_units:
         raise InvalidInputError("no context to score: every document is empty")
     lengths_flat = [len(x) for x in proxy.tokenizer(all_units, add_special_tokens=False)["input_ids"]]
+    check_proxy_tokens(sum(lengths_flat))  # before any forward pass (rag_opt.work)
     overhead = len(proxy.tokenizer(CONTEXT_PREFIX + QUESTION_PREFIX + question + ANSWER_SUFFIX)["input_ids"]) + 8
     budget = max(max_tokens - overhead, 64)
     windows: list[list[tuple[int, int, int]]] = [[]]
