@@ -46,7 +46,7 @@ PROXY_KEY = "rk-adversary-proxy-Q7w9"
 WAIT_S = 60.0  # the most any condition below is waited for: a bound, never a speed budget
 
 
-# -- helpers ------------------------------------------------------------------------------------------------
+# -- helpers ---------------------------------------------------------------------------------------------------
 @dataclass
 class Raw:
     """One HTTP response read off a raw socket."""
@@ -222,13 +222,16 @@ def test_unclosed_document_tags_are_forwarded_as_text(upstream):
         assert fake.last().body == body
 
 
-# -- 2./3. the upstream URL --------------------------------------------------------------------------------------
+# -- 2./3. the upstream URL ------------------------------------------------------------------------------------
 def test_an_encoded_slash_cannot_send_the_request_to_another_host(upstream):
     fake, up_url = upstream
     other = FakeUpstream()
     with ServerThread(other) as other_server, serve_proxy(up_url, Spy(), upstream=up_url) as (url, _):
         n = len(fake.requests)
-        for path in [f"/v1%2F@127.0.0.1:{_port(other_server.url)}/x", f"/v1%2f%40127.0.0.1:{_port(other_server.url)}/x"]:
+        for path in [
+            f"/v1%2F@127.0.0.1:{_port(other_server.url)}/x",
+            f"/v1%2f%40127.0.0.1:{_port(other_server.url)}/x",
+        ]:
             headers = {"Cookie": "session=s3cret", "OpenAI-Organization": "org-victim"}
             r = exchange(url, request_bytes("GET", path, headers=headers))
             assert r is not None and r.status == 400, r
@@ -261,7 +264,7 @@ def test_dot_segments_and_encoded_slashes_cannot_leave_the_upstream_base_path(up
         assert len(fake.requests) == n  # nothing reached the upstream, with or without the operator's key
 
 
-# -- 4. bounded work -----------------------------------------------------------------------------------------------
+# -- 4. bounded work -------------------------------------------------------------------------------------------
 def test_ten_thousand_tiny_documents_are_not_queued(upstream):
     spy = Spy()
     body = chat("".join(f"<document>Tiny {i}.</document>" for i in range(10_000)) + "\n\nWhich one?")
@@ -365,7 +368,7 @@ def test_an_optimization_over_its_budget_frees_its_worker_at_the_next_window(ups
         assert m["ragopt_optimizer_cancelled_total"] == 1 and m["ragopt_optimizer_abandoned_finished_total"] == 1
 
 
-# -- 5./6. nested tags and quoted attributes -----------------------------------------------------------------------
+# -- 5./6. nested tags and quoted attributes -------------------------------------------------------------------
 def test_nested_document_tags_keep_their_inner_tags_and_stay_balanced(upstream):
     fake = upstream[0]
     inner = DOCS[1]["text"]
@@ -420,7 +423,7 @@ def test_a_quoted_greater_than_in_an_attribute_is_parsed_and_forwarded_intact(up
     assert 'b">' not in got.replace(tags[0], "")
 
 
-# -- 7. over-long and malformed paths, unexpected errors ------------------------------------------------------------
+# -- 7. over-long and malformed paths, unexpected errors -------------------------------------------------------
 @pytest.mark.parametrize("length", [10_000, 70_000])
 def test_an_overlong_path_gets_a_414_and_a_short_log(upstream, caplog, length):
     fake = upstream[0]
@@ -464,7 +467,7 @@ def test_an_unexpected_error_is_a_500_without_its_message_in_the_logs(upstream, 
     assert sum("unexpected error" in rec.getMessage() for rec in caplog.records) == 1
 
 
-# -- 8. the proxy key ---------------------------------------------------------------------------------------------
+# -- 8. the proxy key ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("name", "value"),
     [
@@ -486,7 +489,7 @@ def test_the_proxy_key_never_reaches_the_upstream_in_another_header(upstream, na
     assert all(PROXY_KEY not in k and PROXY_KEY not in v for k, v in rec.headers), rec.headers
 
 
-# -- client-side timeouts, connection limits, log floods --------------------------------------------------------------
+# -- client-side timeouts, connection limits, log floods -------------------------------------------------------
 def test_partial_headers_trickled_forever_are_closed_with_a_408(upstream):
     with serve_proxy(upstream[1], Spy(), header_timeout=0.5) as (url, _):
         with socket.create_connection(("127.0.0.1", _port(url)), timeout=WAIT_S) as sock:
@@ -510,8 +513,8 @@ def test_partial_headers_trickled_forever_are_closed_with_a_408(upstream):
 @pytest.mark.parametrize(
     "head",
     [
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"model",
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"mod\r\n",
+        b'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"model',
+        b'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{"mod\r\n',
         b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
     ],
     ids=["short-body", "endless-chunks", "passthrough"],
@@ -644,7 +647,7 @@ def test_an_unreachable_upstream_does_not_flood_the_log(caplog):
     assert 1 <= len(failed) <= 21
 
 
-# -- request framing and headers -------------------------------------------------------------------------------------
+# -- request framing and headers -------------------------------------------------------------------------------
 def test_transfer_encoding_with_content_length_is_refused_and_the_connection_closed(upstream):
     fake = upstream[0]
     body = chat("hi")
@@ -660,7 +663,12 @@ def test_transfer_encoding_with_content_length_is_refused_and_the_connection_clo
 
 def test_client_forwarding_headers_are_replaced_by_the_real_peer(upstream):
     fake = upstream[0]
-    spoofed = {"X-Forwarded-For": "1.2.3.4", "X-Real-IP": "1.2.3.4", "Forwarded": "for=1.2.3.4", "X-Forwarded-Host": "e"}
+    spoofed = {
+        "X-Forwarded-For": "1.2.3.4",
+        "X-Real-IP": "1.2.3.4",
+        "Forwarded": "for=1.2.3.4",
+        "X-Forwarded-Host": "e",
+    }
     with serve_proxy(upstream[1], Spy()) as (url, _):
         assert exchange(url, request_bytes("GET", "/v1/models", headers=spoofed)).status == 200
         rec = fake.last("/v1/models")
@@ -689,13 +697,22 @@ def test_an_empty_key_variable_is_refused_like_an_empty_flag(name, value):
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        (b'{"model":"m","messages":[{"role":"user","content":"a"}],"messages":[{"role":"user","content":"b"}]}', "messages"),
+        (
+            b'{"model":"m","messages":[{"role":"user","content":"a"}],"messages":[{"role":"user","content":"b"}]}',
+            "messages",
+        ),
         (b'{"messages":[{"role":"user","content":"a","content":"<document>x.</document> q?"}]}', "messages[0].content"),
         (b'{"messages":[{"role":"user","role":"system","content":"a"}]}', "messages[0].role"),
-        (b'{"messages":[{"role":"user","content":[{"type":"text","text":"a","text":"b"}]}]}', "messages[0].content[0].text"),
+        (
+            b'{"messages":[{"role":"user","content":[{"type":"text","text":"a","text":"b"}]}]}',
+            "messages[0].content[0].text",
+        ),
         (b'{"messages":[{"role":"user","content":"q"}],"rag_opt":{"ratio":0.5},"rag_opt":{}}', "rag_opt"),
         (b'{"messages":[{"role":"user","content":"q"}],"rag_opt":{"ratio":0.5,"ratio":0.9}}', "rag_opt.ratio"),
-        (b'{"messages":[{"role":"user","content":"q"}],"rag_opt":{"documents":[{"text":"a","text":"b"}]}}', "rag_opt.documents[0].text"),
+        (
+            b'{"messages":[{"role":"user","content":"q"}],"rag_opt":{"documents":[{"text":"a","text":"b"}]}}',
+            "rag_opt.documents[0].text",
+        ),
     ],
 )
 def test_duplicate_keys_the_proxy_reads_are_refused(upstream, body, param):
@@ -736,7 +753,13 @@ def test_a_lone_surrogate_document_is_passed_through_and_the_others_optimized(up
 
 @pytest.mark.parametrize(
     "path",
-    ["/v1//chat/completions", "/v1/chat/completions/", "/v1/chat//completions", "/v1/Chat/Completions", "//v1/chat/completions"],
+    [
+        "/v1//chat/completions",
+        "/v1/chat/completions/",
+        "/v1/chat//completions",
+        "/v1/Chat/Completions",
+        "//v1/chat/completions",
+    ],
 )
 def test_alternate_chat_paths_are_refused(upstream, path):
     fake = upstream[0]
@@ -752,12 +775,14 @@ def test_alternate_chat_paths_are_refused(upstream, path):
 def test_no_redirect_is_built_from_the_client_host(upstream):
     with serve_proxy(upstream[1], Spy()) as (url, _):
         for path in ["/v1", "/healthz/", "/metrics/"]:
-            r = exchange(url, request_bytes("GET", path, headers={"Host": "evil.example"}).replace(b"Host: 127.0.0.1\r\n", b""))
+            r = exchange(
+                url, request_bytes("GET", path, headers={"Host": "evil.example"}).replace(b"Host: 127.0.0.1\r\n", b"")
+            )
             assert r is not None and not 300 <= r.status < 400, r
             assert "location" not in r.headers and b"evil.example" not in r.body
 
 
-# -- compressed request bodies ------------------------------------------------------------------------------------------
+# -- compressed request bodies ---------------------------------------------------------------------------------
 def test_a_gzip_chat_body_is_decoded_and_optimized(upstream):
     fake = upstream[0]
     body = chat(f"{blocks(DOCS[:3])}\n\n{QUESTION}")
@@ -789,7 +814,7 @@ def test_bad_compressed_chat_bodies_get_a_clear_error(upstream, payload, encodin
         assert len(fake.requests) == n
 
 
-# -- readiness ----------------------------------------------------------------------------------------------------------
+# -- readiness -------------------------------------------------------------------------------------------------
 class _SlowLoader:
     """An optimizer whose first call (the start-up warm-up) waits until the test lets it finish or fail."""
 

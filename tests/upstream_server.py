@@ -9,7 +9,8 @@ It records every request it receives (method, path, headers, raw body bytes) and
   prove the first chunk reached the client before the rest was even produced); ``stream-error``: an error
   event after the first chunk; ``stream-drop``: the connection drops after the first chunk;
 - ``slow-headers``: waits ``x_delay`` seconds (default 5) before answering; ``slow-stream``: waits ``x_delay``
-  seconds after the first chunk; ``invalid-json``: a 200 ``application/json`` body that is not JSON;
+  seconds after the first chunk (either stops waiting when the client disconnects); ``invalid-json``: a 200
+  ``application/json`` body that is not JSON;
   ``gzip-json`` / ``gzip-invalid``: a gzip-encoded completion / non-JSON body; ``html-502``: a 502 HTML page
   (a load balancer's error, not JSON);
 - otherwise a ``chat.completion`` whose content is ``ok``.
@@ -144,7 +145,7 @@ class FakeUpstream:
         model = req.get("model")
         delay = float(req.get("x_delay", 5))
         if model == "slow-headers":
-            await anyio.sleep(delay)
+            await _pause(receive, delay)
         if model == "invalid-json":
             return await self._raw(send, 200, b'{"id": "chatcmpl-test", "choices": [{"index": 0, "mess')
         if model in ("gzip-json", "gzip-invalid"):
@@ -170,7 +171,7 @@ class FakeUpstream:
         if model == "gated":
             self.gate_released = await anyio.to_thread.run_sync(self.gate.wait, 20.0)
         elif model == "slow-stream":
-            await anyio.sleep(delay)
+            await _pause(receive, delay)
         elif model == "stream-error":
             await send(
                 {
@@ -213,6 +214,13 @@ class FakeUpstream:
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+async def _pause(receive: Any, seconds: float) -> None:
+    """Wait ``seconds``, or until the client disconnects (a slow answer nobody waits for ends there)."""
+    with anyio.move_on_after(seconds):
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+
 class ServerThread:
     """Serve an ASGI app with uvicorn on 127.0.0.1 (a free port) in a daemon thread; ``options``: more
     ``uvicorn.Config`` arguments (e.g. the proxy's own, :func:`rag_opt.server.http.uvicorn_options`)."""
@@ -224,7 +232,8 @@ class ServerThread:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        values = {"server_header": False, "date_header": False, "access_log": False, **options}
+        # (proxy_headers off: a server records its real peer, not the X-Forwarded-For the proxy sends it)
+        values = {"server_header": False, "date_header": False, "access_log": False, "proxy_headers": False, **options}
         config = uvicorn.Config(app, log_level="warning", lifespan="on", **values)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)

@@ -148,6 +148,9 @@ class _ProxyApp(Starlette):
     with its message. It was logged (:func:`_server_error`) and answered already, so it stops here."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # the lifespan: its failures are uvicorn's to report
+            await super().__call__(scope, receive, send)
+            return
         try:
             await super().__call__(scope, receive, send)
         except Exception:  # noqa: BLE001 - answered and logged (type and frames) by _server_error
