@@ -213,6 +213,17 @@ def test_unclosed_document_tags_take_linear_time():
     assert t_large < 8 * t_small + 0.02, (t_small, t_large)
 
 
+def test_a_long_blank_run_in_the_question_takes_linear_time():
+    """The question's blank runs were collapsed by ``\\s*\\n\\s*``, which backtracks over a long run of
+    spaces with no newline in it: quadratic, on the event loop."""
+    small, large = chat("q?" + " " * 20_000 + "x"), chat("q?" + " " * 80_000 + "x")
+    t_small = _cpu_s(lambda: plan_request(small, {}))
+    t_large = _cpu_s(lambda: plan_request(large, {}))
+    assert t_large < 8 * t_small + 0.02, (t_small, t_large)
+    plan = plan_request(chat("<document>D.</document>\n  \n Which   one? \t\n\n  Now."), {})
+    assert plan.query == "Which   one?\nNow."  # blank runs with a newline become one newline, others stay
+
+
 def test_unclosed_document_tags_are_forwarded_as_text(upstream):
     fake = upstream[0]
     body = _unclosed(8_000)
@@ -770,6 +781,18 @@ def test_alternate_chat_paths_are_refused(upstream, path):
         assert r is not None and r.status in (400, 404), r
         assert r.json()["error"]["code"] in ("invalid_path", "not_found")
         assert len(fake.requests) == n  # the rag_opt field never reaches the upstream
+
+
+@pytest.mark.parametrize("method", ["PUT", "PATCH", "GET"])
+def test_other_methods_on_the_chat_path_are_refused(upstream, method):
+    fake = upstream[0]
+    body = chat(f"{blocks(DOCS[:2])}\n\n{QUESTION}", rag_opt={"ratio": 0.5}) if method != "GET" else b""
+    with serve_proxy(upstream[1], Spy()) as (url, _):
+        n = len(fake.requests)
+        r = exchange(url, request_bytes(method, "/v1/chat/completions", body, {"Content-Type": "application/json"}))
+        assert r is not None and r.status == 405 and r.headers["allow"] == "POST", r
+        assert r.json()["error"]["code"] == "method_not_allowed"
+        assert len(fake.requests) == n
 
 
 def test_no_redirect_is_built_from_the_client_host(upstream):

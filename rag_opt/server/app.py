@@ -4,7 +4,8 @@
 other ``/v1/...`` request is forwarded unchanged (:mod:`rag_opt.server.upstream`); ``GET /livez`` (the process
 is up), ``GET /readyz`` and ``GET /health`` (503 until the proxy model has loaded or pass-through mode is
 settled), ``GET /healthz`` (always 200, with the optimizer's state) and ``GET /metrics`` answer locally. No
-redirect is ever built from the client's ``Host``: a path with a trailing slash is refused, not redirected.
+redirect is ever built from the client's ``Host``: a path with a trailing slash is refused, not redirected; and
+the chat path takes ``POST`` only (another method is a 405, never forwarded unvalidated).
 
 Reliability: optimization runs on a bounded worker pool with a bounded queue (:mod:`rag_opt.server.pool`), never
 on the event loop; a request that fails, exceeds the time budget or finds the optimizer overloaded is forwarded
@@ -37,6 +38,7 @@ from rag_opt.server.chat import ChatCompletions
 from rag_opt.server.errors import BodyTooLarge, error_response
 from rag_opt.server.logs import RepeatLimiter, limit_repeats
 from rag_opt.server.metrics import CONTENT_TYPE
+from rag_opt.server.paths import CHAT_PATH
 from rag_opt.server.security import Guard, body_for_log, body_log, install_log_filters, redact_headers, too_large_body
 from rag_opt.server.settings import ProxySettings
 from rag_opt.server.state import Optimizer, ProxyState
@@ -184,6 +186,10 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
         return await _guarded(state, request, "chat_completions", lambda raw: chat.handle(request, raw))
 
     async def passthrough(request: Request) -> Response:
+        if request.scope["path"] == CHAT_PATH:  # another method: never forwarded unvalidated
+            state.metrics.local_error("invalid_request")
+            msg = f"{CHAT_PATH} takes POST requests only"
+            return error_response(405, msg, "invalid_request_error", "method_not_allowed", headers={"allow": "POST"})
         return await _guarded(state, request, "passthrough", lambda raw: state.upstream.forward(request, raw, []))
 
     async def healthz(request: Request) -> Response:

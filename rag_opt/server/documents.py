@@ -61,6 +61,12 @@ TOOL_ROLES = ("tool", "function")
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_BLANKS = re.compile(r"\s+")  # (maximal runs, matched once each: no backtracking over a long run)
+
+
+def _one_newline(m: re.Match[str]) -> str:
+    """A blank run with a line break becomes one line break; one without stays as it is."""
+    return "\n" if "\n" in m.group() else m.group()
 
 
 def has_lone_surrogate(text: str) -> bool:
@@ -345,7 +351,7 @@ def plan_request(
         plan.query = options.query
     elif last_user is not None:
         parts = [strip_blocks(t, tag) for _, t in _texts(messages[last_user].get("content"))]
-        question = re.sub(r"\s*\n\s*", "\n", "\n".join(parts)).strip()
+        question = _BLANKS.sub(_one_newline, "\n".join(parts)).strip()
         plan.query = question or None
     if plan.query is not None and has_lone_surrogate(plan.query):  # only scored, never written back
         plan.query = _SURROGATE.sub("\ufffd", plan.query)
