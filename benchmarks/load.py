@@ -6,9 +6,17 @@ the real proxy (``rag-opt serve``, in a subprocess, embedded proxy model loaded 
 1. an unloaded probe: one client, requests without context alternately direct to the upstream and through the
    proxy (the proxy's added latency with nothing else going on), then a few context requests through the proxy
    one at a time (optimization latency with a free worker);
-2. the same load twice, ``--clients`` concurrent clients for ``--seconds`` each: first direct to the upstream
-   (the baseline), then through the proxy. Every client loops over a mix of non-streaming and streaming chat
-   requests, with and without context (10 HotpotQA paragraphs as ``<document>`` blocks).
+2. the same load twice, for ``--seconds`` each: first direct to the upstream (the baseline), then through the
+   proxy, a mix of non-streaming and streaming chat requests, with and without context (10 HotpotQA paragraphs
+   as ``<document>`` blocks). Closed loop by default: ``--clients`` concurrent clients, each sending its next
+   request when the previous one is answered. Open loop with ``--request-rate R`` (as vLLM's benchmark): requests
+   arrive at R per second, at Poisson (``--arrivals poisson``, the default) or fixed intervals, whether or not
+   earlier ones were answered (at most ``--max-in-flight`` at once; arrivals over it are counted, not sent).
+   A closed loop hides queueing: when the server slows down, its clients slow down with it. An open loop shows
+   it: latency is measured from each request's scheduled arrival, and its *queueing delay* is that latency minus
+   the least latency of requests of the same route, kind and outcome in the run (their time with no queue), so
+   waiting anywhere — in the client's connection pool, the kernel's accept queue, the event loop, the
+   optimizer's queue — counts. The proxy's own optimizer queue wait (its metrics) is reported too.
 
 Every response body is compared with the bytes the upstream sent for that request (the upstream's answer is a
 pure function of the request's ``x-bench-id``): a difference is a corrupted response. The upstream also rejects
@@ -17,6 +25,7 @@ default single optimizer worker most context requests under load are forwarded u
 the bounded queue): that is the intended behaviour, and the counts are reported.
 
     OMP_NUM_THREADS=1 python benchmarks/load.py --seconds 20 --clients 64     # → benchmarks/results/load.json
+    OMP_NUM_THREADS=1 python benchmarks/load.py --seconds 20 --request-rate 50  # open loop, 50 requests/s
 
 Needs the ``server`` extra (uvicorn, httpx) and psutil (``bench`` extra).
 
@@ -198,12 +207,15 @@ class Record:
     outcome: str = ""  # x-ragopt-status (through the proxy)
     reason: str = ""
     error: str = ""
+    lag_s: float = 0.0  # open loop: how late the request was sent after its scheduled arrival
 
 
 @dataclass
 class Load:
     records: list[Record] = field(default_factory=list)
     seconds: float = 0.0
+    not_sent: int = 0  # open loop: arrivals while --max-in-flight requests were outstanding
+    max_in_flight: int = 0
 
 
 class Bench:
@@ -218,12 +230,14 @@ class Bench:
     def pick(self) -> str:
         return self.rnd.choices(list(self.mix), weights=list(self.mix.values()))[0]
 
-    async def one(self, client: httpx.AsyncClient, base: str, kind: str) -> Record:
+    async def one(self, client: httpx.AsyncClient, base: str, kind: str, scheduled: float | None = None) -> Record:
+        """One request; its latency counts from ``scheduled`` (open loop: its arrival) when given."""
         n = next(self.ids)
         stream = kind.endswith("stream")
         body = {"model": "bench", **self.bodies[kind], "stream": stream}
         expected = b"".join(upstream_body(n, stream)[0])
-        t0 = time.perf_counter()
+        sent = time.perf_counter()
+        t0 = sent if scheduled is None else scheduled
         try:
             req = client.build_request("POST", f"{base}/v1/chat/completions", json=body, headers={"x-bench-id": str(n)})
             r = await client.send(req, stream=True)
@@ -236,6 +250,7 @@ class Bench:
             return Record(kind, time.perf_counter() - t0, False, error=f"{type(exc).__name__}: {exc}"[:120])
         rec = Record(kind, latency, r.status_code == 200, outcome=r.headers.get("x-ragopt-status", ""))
         rec.reason = r.headers.get("x-ragopt-reason", "")
+        rec.lag_s = sent - t0
         if r.status_code != 200:
             rec.error = f"HTTP {r.status_code}"
         elif got != expected:
@@ -256,6 +271,44 @@ class Bench:
 
             await asyncio.gather(*(worker() for _ in range(clients)))
             out.seconds = time.monotonic() - t0
+        return out
+
+    async def open_loop(self, base: str, rate: float, seconds: float, arrivals: str, max_in_flight: int) -> Load:
+        """Requests arriving at ``rate`` per second for ``seconds`` (Poisson or fixed intervals), each sent at its
+        arrival whatever the others are doing, at most ``max_in_flight`` outstanding."""
+        limits = httpx.Limits(
+            max_connections=max_in_flight, max_keepalive_connections=max_in_flight, keepalive_expiry=2
+        )
+        out = Load()
+        rnd = random.Random(self.rnd.random())
+        in_flight = 0
+
+        async def send(kind: str, scheduled: float) -> Record:
+            nonlocal in_flight
+            in_flight += 1
+            out.max_in_flight = max(out.max_in_flight, in_flight)
+            try:
+                return await self.one(client, base, kind, scheduled)
+            finally:
+                in_flight -= 1
+
+        async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+            tasks: list[asyncio.Future[Record]] = []
+            t0 = time.perf_counter()
+            at = 0.0
+            while True:
+                at += rnd.expovariate(rate) if arrivals == "poisson" else 1.0 / rate
+                if at >= seconds:
+                    break
+                wait = t0 + at - time.perf_counter()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                if in_flight >= max_in_flight:
+                    out.not_sent += 1
+                    continue
+                tasks.append(asyncio.ensure_future(send(self.pick(), t0 + at)))
+            out.records = list(await asyncio.gather(*tasks))
+            out.seconds = time.perf_counter() - t0
         return out
 
     async def sequential(self, base: str, kind: str, n: int) -> list[Record]:
@@ -280,6 +333,24 @@ def summary(records: list[Record]) -> dict[str, Any]:
         "p50_ms": pct(lat, 0.5),
         "p99_ms": pct(lat, 0.99),
         "error_kinds": dict(Counter(r.error for r in records if r.error)),
+    }
+
+
+def queueing(records: list[Record]) -> dict[str, Any]:
+    """Open loop: latency from the scheduled arrival, and queueing delay = that latency minus the least latency of
+    the requests of the same kind and outcome (their time with no queue), in ms."""
+    ok = [r for r in records if r.ok and not r.corrupted]
+    least: dict[tuple[str, str], float] = {}
+    for r in ok:
+        key = (r.kind, r.outcome + r.reason)
+        least[key] = min(least.get(key, r.latency_s), r.latency_s)
+    delay = [(r.latency_s - least[(r.kind, r.outcome + r.reason)]) * 1e3 for r in ok]
+    lag = [r.lag_s * 1e3 for r in records]
+    return {
+        "queueing_p50_ms": pct(delay, 0.5),
+        "queueing_p99_ms": pct(delay, 0.99),
+        "queueing_max_ms": max(delay) if delay else None,
+        "send_lag_p99_ms": pct(lag, 0.99),
     }
 
 
@@ -367,14 +438,30 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         for k in ("pass_through", "optimized", "pass_through_while_optimizing", "optimized_with_pass_through"):
             unloaded[k].update(added(unloaded[k]["proxy"], unloaded[k]["direct"]))
 
-        # 2. load: direct, then through the proxy
+        # 2. load: direct, then through the proxy (closed loop, or open loop at --request-rate)
         loads: dict[str, Load] = {}
+        waits_before = parse_metrics(httpx.get(f"{proxy_url}/metrics").text)
         for name, base in (("direct", up_url), ("proxy", proxy_url)):
-            print(f"load: {args.clients} clients for {args.seconds:.0f} s, {name}", file=sys.stderr)
-            loads[name] = await bench.load(base, args.clients, args.seconds)
+            if args.request_rate:
+                print(
+                    f"load: open loop, {args.request_rate:g} requests/s ({args.arrivals}) for {args.seconds:.0f} s, "
+                    f"{name}",
+                    file=sys.stderr,
+                )
+                loads[name] = await bench.open_loop(
+                    base, args.request_rate, args.seconds, args.arrivals, args.max_in_flight
+                )
+            else:
+                print(f"load: {args.clients} clients for {args.seconds:.0f} s, {name}", file=sys.stderr)
+                loads[name] = await bench.load(base, args.clients, args.seconds)
         sampler.stop()
         await sampling
         proxy_metrics = parse_metrics(httpx.get(f"{proxy_url}/metrics").text)
+        waited = {
+            k: proxy_metrics.get(f"ragopt_optimizer_queue_wait_seconds_{k}", 0.0)
+            - waits_before.get(f"ragopt_optimizer_queue_wait_seconds_{k}", 0.0)
+            for k in ("sum", "count")
+        }
         peak = peak_rss_mb(proxy_proc.pid) or sampler.peak_mb or None
     finally:
         for proc in (proxy_proc, up_proc):
@@ -398,11 +485,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     totals = {name: summary(load.records) for name, load in loads.items()}
     for name, load in loads.items():
         totals[name]["throughput_rps"] = len(load.records) / load.seconds if load.seconds else None
+        if args.request_rate:
+            totals[name].update(queueing(load.records))
+            totals[name].update(not_sent=load.not_sent, max_in_flight=load.max_in_flight)
+    if args.request_rate:
+        for kind in KINDS:
+            for name in ("direct", "proxy"):
+                by_kind[kind][name].update(queueing([r for r in loads[name].records if r.kind == kind]))
     plain = [r for r in loads["proxy"].records if not r.kind.startswith("context")]
     plain_direct = [r for r in loads["direct"].records if not r.kind.startswith("context")]
     results = {
         "config": {
-            "clients": args.clients,
+            "loop": "open" if args.request_rate else "closed",
+            "clients": None if args.request_rate else args.clients,
+            "request_rate": args.request_rate,
+            "arrivals": args.arrivals if args.request_rate else None,
+            "max_in_flight": args.max_in_flight if args.request_rate else None,
             "seconds": args.seconds,
             "mix": bench.mix,
             "proxy": {
@@ -434,6 +532,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             },
             "context_outcomes": {k: summary(v) for k, v in sorted(by_outcome.items())},
         },
+        "proxy_optimizer_queue_wait": {
+            "optimizations": waited["count"],
+            "mean_ms": waited["sum"] / waited["count"] * 1e3 if waited["count"] else None,
+        },
         "proxy_peak_rss_mb": peak,
         "proxy_metrics": {
             k: v
@@ -452,8 +554,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_report(res: dict[str, Any]) -> None:
     c = res["config"]
+    loop = (
+        f"open loop at {c['request_rate']:g} requests/s ({c['arrivals']} arrivals, at most {c['max_in_flight']} "
+        "in flight)"
+        if c["loop"] == "open"
+        else f"{c['clients']} clients"
+    )
     print(
-        f"\nrag-opt proxy load test: {c['clients']} clients x {c['seconds']:.0f} s per side, loopback, "
+        f"\nrag-opt proxy load test: {loop} x {c['seconds']:.0f} s per side, loopback, "
         f"{c['machine']['cpus']} CPUs; proxy: {c['proxy']['max_concurrency']} worker(s), queue "
         f"{c['proxy']['max_queue']}, budget {c['proxy']['time_budget_ms']:.0f} ms, optimizer nice "
         f"{c['proxy']['optimizer_nice']}; started in {res['startup_s']:.1f} s"
@@ -473,7 +581,7 @@ def print_report(res: dict[str, Any]) -> None:
     )
     L = res["load"]
     print(
-        f"\nunder load ({c['clients']} clients)        requests (direct|proxy)  errors  corrupted   "
+        f"\nunder load ({loop})\n                                     requests (direct|proxy)  errors  corrupted   "
         "p50 ms (direct|proxy|added|ratio)     p99 ms (direct|proxy|added|ratio)"
     )
     rows = [(k, v) for k, v in L["by_kind"].items()] + [("all pass-through", L["pass_through"])]
@@ -490,6 +598,26 @@ def print_report(res: dict[str, Any]) -> None:
         f"  throughput: direct {fmt(t['direct']['throughput_rps'])} req/s, proxy {fmt(t['proxy']['throughput_rps'])} "
         f"req/s; errors {t['proxy']['errors']} (kinds {t['proxy']['error_kinds']}), corrupted {t['proxy']['corrupted']}"
     )
+    if c["loop"] == "open":
+        print("  open loop: latency from each request's scheduled arrival; queueing delay = it minus the least")
+        print(
+            "  of its kind and outcome, ms:      queueing p50 | p99 | max (direct)    queueing p50 | p99 | max (proxy)"
+        )
+        for kind in KINDS:
+            d, p = L["by_kind"][kind]["direct"], L["by_kind"][kind]["proxy"]
+            dq = f"{fmt(d['queueing_p50_ms'])} | {fmt(d['queueing_p99_ms'])} | {fmt(d['queueing_max_ms'])}"
+            pq = f"{fmt(p['queueing_p50_ms'])} | {fmt(p['queueing_p99_ms'])} | {fmt(p['queueing_max_ms'])}"
+            print(f"  {kind:<34} {dq}".ljust(70) + pq)
+        for name in ("direct", "proxy"):
+            print(
+                f"  {name}: achieved {fmt(t[name]['throughput_rps'])} req/s, send lag p99 "
+                f"{fmt(t[name]['send_lag_p99_ms'])} ms, at most {t[name]['max_in_flight']} in flight, "
+                f"{t[name]['not_sent']} arrivals not sent"
+            )
+        w = res["proxy_optimizer_queue_wait"]
+        print(
+            f"  proxy optimizer queue: {w['optimizations']:.0f} optimizations waited {fmt(w['mean_ms'])} ms on average"
+        )
     print("  context requests through the proxy, by outcome:")
     for k, v in L["context_outcomes"].items():
         print(f"    {k:<28} {v['requests']:>6} requests, p50 {fmt(v['p50_ms'])} ms, p99 {fmt(v['p99_ms'])} ms")
@@ -503,7 +631,12 @@ def print_report(res: dict[str, Any]) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=20.0, help="load duration per side (direct, proxy)")
-    p.add_argument("--clients", type=int, default=64, help="concurrent clients")
+    p.add_argument("--clients", type=int, default=64, help="concurrent clients (closed loop)")
+    p.add_argument(
+        "--request-rate", type=float, default=None, help="open loop: requests per second, sent whatever the answers"
+    )
+    p.add_argument("--arrivals", choices=["poisson", "fixed"], default="poisson", help="open loop: arrival process")
+    p.add_argument("--max-in-flight", type=int, default=512, help="open loop: most requests outstanding at once")
     p.add_argument("--probe", type=int, default=400, help="unloaded pass-through requests per side")
     p.add_argument("--optimized", type=int, default=5, help="unloaded context requests per side")
     p.add_argument("--context-share", type=float, default=0.4, help="share of requests with context (half streamed)")

@@ -8,6 +8,7 @@ ValueError`` keeps working. Anything else escaping rag-opt is a bug and keeps it
 from __future__ import annotations
 
 __all__ = [
+    "Cancelled",
     "ConfigurationError",
     "DataNotFoundError",
     "InvalidInputError",
@@ -16,6 +17,7 @@ __all__ = [
     "ProbeMismatchError",
     "ProfileMismatchError",
     "RagOptError",
+    "WorkLimitExceeded",
 ]
 
 
@@ -49,3 +51,13 @@ class ProfileMismatchError(RagOptError, ValueError):
 
 class DataNotFoundError(RagOptError, FileNotFoundError):
     """A data, probe or profile file that was asked for does not exist."""
+
+
+class WorkLimitExceeded(RagOptError, ValueError):
+    """A context is larger than the work limits in force (units, proxy tokens: :mod:`rag_opt.work`); raised
+    before the expensive stages run."""
+
+
+class Cancelled(RagOptError):
+    """The optimization was cancelled (:mod:`rag_opt.work`): whoever waited for it gave up. Raised at the next
+    checkpoint (between stages and between forward passes)."""

@@ -35,6 +35,7 @@ from rag_opt.types import (
     Timings,
     check_ordering,
 )
+from rag_opt.work import check_units, checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.batching import MicroBatcher
@@ -248,9 +249,11 @@ class ContextOptimizer:
         for job in jobs:  # segment
             with _timed(job.timings, "segment_ms"):
                 job.units = UnitTable.build(job.docs, self.counter.count, self.language)
+            check_units(job.units.n_units)  # limits and cancellation (rag_opt.work): before the expensive stages
             job.limit = budget.tokens(job.units.tokens_before)
             job.shrink = budget.compresses and (job.limit is None or job.limit < job.units.tokens_before)
         self._score([job for job in jobs if job.shrink or orderer.reorders], documents=orderer.reorders)  # score
+        checkpoint()
         return [self._finish(job, budget, orderer, t0) for job in jobs]
 
     def _score(self, jobs: list[_Job], documents: bool) -> None:
@@ -283,6 +286,7 @@ class ContextOptimizer:
                 threshold=budget.threshold if job.shrink else None,
                 options=self.selection_options,
             )
+        checkpoint()
         with _timed(job.timings, "order_ms"):
             ordering = order_stage(job.query, orderer, units, scores, selection)
         job.timings.total_ms = (time.perf_counter() - t0) * 1e3

@@ -255,7 +255,7 @@ def servers() -> Iterator[tuple[FakeUpstream, str]]:
 
 def _post(url: str, raw: bytes) -> httpx.Response:
     return httpx.post(
-        f"{url}/v1/chat/completions", content=raw, headers={"content-type": "application/json"}, timeout=60
+        f"{url}/v1/chat/completions", content=raw, headers={"content-type": "application/json"}, timeout=600
     )
 
 

@@ -225,7 +225,7 @@ def test_report_renders_in_headless_chromium(bm25_result, tmp_path: Path) -> Non
         f"--screenshot={png}",
         report.resolve().as_uri(),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # a bound on the browser, not a budget
     assert proc.returncode == 0 and png.is_file(), proc.stderr[-2000:]
     data = png.read_bytes()
     assert _png_size(data) == (1280, 1800)

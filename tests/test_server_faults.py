@@ -3,6 +3,10 @@ broken optimizer, and bad input. uvicorn on 127.0.0.1 runs both the proxy and th
 plus raw-socket servers that misbehave at the TCP level); optimizations run rag-opt's real pipeline with the BM25
 scorer (no proxy model), behind a gate where a test needs a slow optimizer. The ``model`` tests use the real
 embedded proxy model.
+
+No test depends on how fast the machine is: optimizations get an unlimited time budget, tests of the budget
+itself decide when it runs out (``BudgetClock``), waits are bounded polls for a condition, and the upstream
+timeouts under test are checked by what happened (a 504, a broken stream), never by how long it took.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import pytest
 from rag_opt.server.errors import BudgetExceeded, Overloaded
 from rag_opt.server.pool import OptimizerPool
 from tests.upstream_server import (
+    BudgetClock,
     FakeUpstream,
     ServerThread,
     bm25_optimizer,
@@ -47,7 +52,7 @@ def chat_body(docs: list[dict[str, Any]] | None = DOCS[:3], model: str = "fake-l
     return json.dumps({"model": model, "messages": [{"role": "user", "content": content}], **extra}).encode()
 
 
-def post(url: str, body: bytes, timeout: float = 60, **kw: Any) -> httpx.Response:
+def post(url: str, body: bytes, timeout: float | None = 300, **kw: Any) -> httpx.Response:
     headers = {"content-type": "application/json", **kw.pop("headers", {})}
     return httpx.post(f"{url}/v1/chat/completions", content=body, headers=headers, timeout=timeout, **kw)
 
@@ -56,7 +61,7 @@ def metrics(url: str) -> dict[str, float]:
     return parse_metrics(httpx.get(f"{url}/metrics").text)
 
 
-def wait_until(cond: Callable[[], bool], timeout: float = 10.0) -> None:
+def wait_until(cond: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         assert time.monotonic() < deadline, "condition not reached in time"
@@ -75,7 +80,7 @@ class GatedOptimizer:
 
     def optimize(self, query: str, documents: Any, **kwargs: Any) -> Any:
         self.started += 1
-        self.gate.wait(60)
+        self.gate.wait(300)
         time.sleep(self.delay)
         return self.inner.optimize(query, documents, **kwargs)
 
@@ -112,29 +117,50 @@ def upstream() -> Iterator[tuple[FakeUpstream, str, ServerThread]]:
 
 
 # -- the bounded pool, directly ------------------------------------------------------------------------------
+async def _until(cond: Callable[[], bool], timeout: float = 60.0) -> None:
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
 def test_pool_admission_queue_bound_and_estimate():
     import asyncio
 
     pool = OptimizerPool(workers=1, max_queue=1)
+    clock = BudgetClock()  # budgets run out when the test says so, never on their own
+    pool.sleep = clock.sleep
     gate = threading.Event()
+    started = threading.Event()
+
+    def blocked(value: str) -> Callable[[], str]:
+        def run() -> str:
+            started.set()
+            gate.wait(300)
+            return value
+
+        return run
 
     async def go() -> None:
-        first = asyncio.ensure_future(pool.run(lambda: gate.wait(10) and "first", 5))
-        await asyncio.sleep(0.05)
+        first = asyncio.ensure_future(pool.run(blocked("first"), 5))
+        await _until(started.is_set)
         second = asyncio.ensure_future(pool.run(lambda: "second", 5))
-        await asyncio.sleep(0.05)
-        assert pool.gauges() == (1, 1, 1, 1)  # one queued, one busy
+        await _until(lambda: pool.gauges() == (1, 1, 1, 1))  # one queued, one busy
         with pytest.raises(Overloaded) as full:
             await pool.run(lambda: "third", 5)
         assert full.value.reason == "queue_full"
         gate.set()
         assert await first == "first" and await second == "second"
-        assert pool.average_run_s is not None and pool.gauges()[:2] == (0, 0)
+        assert pool.average_run_s is not None
+        await _until(lambda: pool.gauges()[:2] == (0, 0))
         # with a known run time, a job that would wait past its budget is not admitted
         pool._avg_s = 1.0
         gate.clear()
-        blocker = asyncio.ensure_future(pool.run(lambda: gate.wait(10), 5))
-        await asyncio.sleep(0.05)
+        started.clear()
+        blocker = asyncio.ensure_future(pool.run(blocked("blocker"), 5))
+        await _until(started.is_set)
         assert pool.estimate_s() == 2.0  # wait for the running one + its own run
         with pytest.raises(Overloaded) as est:
             await pool.run(lambda: "late", 1.5)
@@ -142,21 +168,19 @@ def test_pool_admission_queue_bound_and_estimate():
         # a queued job whose budget runs out is cancelled: it never runs
         pool._avg_s = None
         ran: list[int] = []
-        with pytest.raises(BudgetExceeded) as queued:
-            await pool.run(lambda: ran.append(1), 0.1)
-        assert queued.value.stage == "queued" and pool.gauges()[0] == 0
+        queued = asyncio.ensure_future(pool.run(lambda: ran.append(1), 5))
+        await _until(lambda: pool.gauges()[0] == 1)
+        clock.expire()
+        with pytest.raises(BudgetExceeded) as stage:
+            await queued
+        assert stage.value.stage == "queued" and pool.gauges()[0] == 0
+        # a running job whose budget runs out is left to finish, its worker busy meanwhile, and told to stop
+        with pytest.raises(BudgetExceeded) as stage:
+            await blocker
+        assert stage.value.stage == "running" and pool.gauges()[1] == 1
         gate.set()
-        await blocker
-        await asyncio.sleep(0.05)
+        await _until(lambda: pool.gauges()[1] == 0 and pool.metrics.abandoned_finished == 1)
         assert ran == []
-        # a running job whose budget runs out is left to finish (its worker stays busy meanwhile)
-        gate.clear()
-        with pytest.raises(BudgetExceeded) as running:
-            await pool.run(lambda: gate.wait(10), 0.1)
-        assert running.value.stage == "running" and pool.gauges()[1] == 1
-        gate.set()
-        await asyncio.sleep(0.1)
-        assert pool.gauges()[1] == 0 and pool.metrics.abandoned_finished == 1
 
     pool._avg_s = None
     asyncio.run(go())
@@ -203,35 +227,29 @@ def _fill_pool(url: str, state: Any, opt: GatedOptimizer, queued: int) -> list[B
     return held
 
 
-def test_full_queue_fails_open_at_once_and_no_context_requests_stay_fast(upstream):
+def test_full_queue_fails_open_without_waiting_and_no_context_requests_are_served_meanwhile(upstream):
     fake = upstream[0]
     opt = GatedOptimizer()
-    with serve_proxy(upstream[1], opt, max_concurrency=1, max_queue=1, time_budget_ms=30_000) as (url, state):
+    with serve_proxy(upstream[1], opt, max_concurrency=1, max_queue=1) as (url, state):
         held = _fill_pool(url, state, opt, queued=1)
         body = chat_body(DOCS[3:6])
-        t0 = time.perf_counter()
-        r = post(url, body)
-        elapsed = time.perf_counter() - t0
+        r = post(url, body)  # (answered while the gate is shut: it cannot have waited for the queue)
         assert r.status_code == 200 and r.headers["x-ragopt-status"] == "fail-open"
         assert r.headers["x-ragopt-reason"] == "overload"
-        assert elapsed < 1.0  # did not wait for the queue
         assert fake.last().body == body  # forwarded as it came
 
-        # the event loop is free: requests without context are served at full speed meanwhile
-        times = []
-        with httpx.Client() as c:
+        # the event loop is free: requests without context are served while the optimizer is held
+        with httpx.Client(timeout=60) as c:
             for _ in range(20):
-                t0 = time.perf_counter()
                 rr = c.post(f"{url}/v1/chat/completions", json={"model": "fake-llm", "messages": [{"role": "user"}]})
-                times.append(time.perf_counter() - t0)
                 assert rr.status_code == 200 and rr.headers["x-ragopt-status"] == "no-context"
-        assert sorted(times)[10] < 0.05 and max(times) < 0.5
 
         m = metrics(url)
-        assert m['ragopt_optimizer_shed_total{reason="queue_full"}'] == 1
+        assert m['ragopt_optimizer_shed_total{reason="queue_full"}'] == 1  # not admitted: never waited
         assert m['ragopt_fail_open_total{reason="overload"}'] == 1
         assert m["ragopt_optimizer_queue_depth"] == 1 and m["ragopt_optimizer_workers_busy"] == 1
         assert m["ragopt_optimizer_queue_limit"] == 1 and m["ragopt_optimizer_workers"] == 1
+        assert opt.started == 1
         opt.gate.set()
         for h in held:
             assert h.result().headers["x-ragopt-status"] == "optimized"
@@ -259,20 +277,15 @@ def test_full_queue_answers_429_when_configured(upstream):
 
 
 def test_a_request_that_would_wait_past_its_budget_fails_open_at_once(upstream):
-    opt = GatedOptimizer(delay=0.8)
-    opt.inner.optimize(QUESTION, DOCS[:3], ratio=0.5)  # tokenizer loaded: a run takes the delay and little more
-    opt.gate.set()
+    opt = GatedOptimizer()
     with serve_proxy(upstream[1], opt, max_concurrency=1, max_queue=8, time_budget_ms=1500) as (url, state):
-        assert post(url, chat_body()).headers["x-ragopt-status"] == "optimized"  # learns ~0.8 s per run
-        opt.gate.clear()
-        opt.delay = 0.0
         held = Background(lambda: post(url, chat_body()))
-        wait_until(lambda: opt.started == 2)
-        t0 = time.perf_counter()
-        r = post(url, chat_body(DOCS[4:6]))
-        assert time.perf_counter() - t0 < 0.5  # estimated 1.6 s (wait 0.8 + run 0.8) > 1.5 s budget: not queued
+        wait_until(lambda: opt.started == 1)
+        state.pool._avg_s = 0.8  # as if a run took 0.8 s
+        r = post(url, chat_body(DOCS[4:6]))  # estimated 1.6 s (wait 0.8 + run 0.8) > 1.5 s budget: not queued
         assert r.headers["x-ragopt-status"] == "fail-open" and r.headers["x-ragopt-reason"] == "overload"
         assert metrics(url)['ragopt_optimizer_shed_total{reason="estimate"}'] == 1
+        assert state.pool.gauges()[0] == 0 and opt.started == 1
         opt.gate.set()
         held.result()
 
@@ -280,13 +293,18 @@ def test_a_request_that_would_wait_past_its_budget_fails_open_at_once(upstream):
 def test_timeouts_queued_jobs_never_run_and_running_ones_are_counted(upstream):
     fake = upstream[0]
     opt = GatedOptimizer()
+    clock = BudgetClock()
     with serve_proxy(upstream[1], opt, max_concurrency=1, max_queue=4, time_budget_ms=500) as (url, state):
+        clock.install(state)
         first = Background(lambda: post(url, chat_body()))
         wait_until(lambda: opt.started == 1)
         body = chat_body(DOCS[5:7])
-        r = post(url, body)  # waits in the queue until its budget runs out
+        second = Background(lambda: post(url, body))
+        wait_until(lambda: state.pool.gauges()[0] == 1)  # waiting in the queue
+        clock.expire()  # both budgets run out: one running, one queued
+        r = second.result()
         assert r.headers["x-ragopt-status"] == "fail-open" and r.headers["x-ragopt-reason"] == "timeout"
-        assert fake.last().body == body
+        assert fake.last("/v1/chat/completions").body in (body, chat_body())
         assert first.result().headers["x-ragopt-reason"] == "timeout"
         m = metrics(url)
         assert m['ragopt_optimizer_timeouts_total{stage="queued"}'] == 1
@@ -294,9 +312,8 @@ def test_timeouts_queued_jobs_never_run_and_running_ones_are_counted(upstream):
         assert m["ragopt_optimizer_queue_depth"] == 0 and m["ragopt_optimizer_workers_busy"] == 1
         opt.gate.set()
         wait_until(lambda: state.pool.gauges()[1] == 0)
-        time.sleep(0.1)
+        wait_until(lambda: metrics(url)["ragopt_optimizer_abandoned_finished_total"] == 1)
         assert opt.started == 1  # the queued one was cancelled, never run
-        assert metrics(url)["ragopt_optimizer_abandoned_finished_total"] == 1
 
 
 def test_client_leaving_while_queued_cancels_its_optimization(upstream):
@@ -310,7 +327,7 @@ def test_client_leaving_while_queued_cancels_its_optimization(upstream):
         assert metrics(url)["ragopt_optimizations_in_flight"] == 1
         opt.gate.set()
         assert held.result().headers["x-ragopt-status"] == "optimized"
-        time.sleep(0.1)
+        wait_until(lambda: state.pool.gauges()[:2] == (0, 0))
     assert opt.started == 1
 
 
@@ -392,13 +409,11 @@ def _reset_mid_stream(conn: socket.socket) -> None:
 def test_upstream_failing_before_answering_is_a_502(handle):
     server = RawServer(handle)
     try:
-        with serve_proxy(server.url, None, warmup=False, connect_timeout=2, read_timeout=5) as (url, state):
-            t0 = time.perf_counter()
-            r = post(url, chat_body(None))
-            assert time.perf_counter() - t0 < 5
-            assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unavailable"
+        with serve_proxy(server.url, None, warmup=False, connect_timeout=60, read_timeout=60) as (url, state):
+            r = post(url, chat_body(None), timeout=120)
+            assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unavailable"  # (not a 504 timeout)
             assert r.json()["error"]["type"] == "upstream_error"
-            wait_until(lambda: upstream_pool_is_clean(state), timeout=3)
+            wait_until(lambda: upstream_pool_is_clean(state))
     finally:
         server.close()
 
@@ -435,7 +450,7 @@ def test_upstream_not_accepting_connections_is_a_504_within_the_connect_timeout(
         if r.status_code == 502:
             pytest.skip("this kernel refuses instead of dropping connections to a full backlog")
         assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
-        assert elapsed < 3
+        assert elapsed >= 0.5  # the connect timeout fired (it cannot fire sooner)
     finally:
         for f in fillers:
             f.close()
@@ -445,25 +460,23 @@ def test_upstream_not_accepting_connections_is_a_504_within_the_connect_timeout(
 def test_slow_upstream_is_a_504_within_the_read_timeout(upstream):
     with serve_proxy(upstream[1], None, read_timeout=0.5) as (url, state):
         t0 = time.perf_counter()
-        r = post(url, chat_body(None, model="slow-headers", x_delay=3))
+        r = post(url, chat_body(None, model="slow-headers", x_delay=60))  # (the upstream stops when we leave)
         elapsed = time.perf_counter() - t0
         assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
-        assert 0.4 < elapsed < 2.5
+        assert elapsed >= 0.5  # the read timeout fired (it cannot fire sooner), long before the upstream answers
         assert metrics(url)['ragopt_upstream_errors_total{kind="timeout"}'] == 1
         wait_until(lambda: upstream_pool_is_clean(state))
 
 
 def test_upstream_stalling_mid_stream_breaks_the_client_stream_within_the_read_timeout(upstream):
     with serve_proxy(upstream[1], None, read_timeout=0.5) as (url, state):
-        body = chat_body(None, model="slow-stream", stream=True, x_delay=3)
-        t0 = time.perf_counter()
-        with httpx.stream("POST", f"{url}/v1/chat/completions", content=body, timeout=10) as r:
+        body = chat_body(None, model="slow-stream", stream=True, x_delay=60)  # (the upstream stops when we leave)
+        with httpx.stream("POST", f"{url}/v1/chat/completions", content=body, timeout=120) as r:
             assert r.status_code == 200
             chunks = r.iter_raw()
             assert next(chunks).startswith(b"data: ")
             with pytest.raises(httpx.RemoteProtocolError):
-                list(chunks)  # broken, not a clean (truncated) end
-        assert time.perf_counter() - t0 < 2.5
+                list(chunks)  # broken, not a clean (truncated) end, long before the upstream's next chunk
         assert metrics(url)['ragopt_upstream_errors_total{kind="stream"}'] == 1
         wait_until(lambda: upstream_pool_is_clean(state))
 
@@ -471,17 +484,15 @@ def test_upstream_stalling_mid_stream_breaks_the_client_stream_within_the_read_t
 def test_upstream_resetting_mid_stream_breaks_the_client_stream():
     server = RawServer(_reset_mid_stream)
     try:
-        with serve_proxy(server.url, None, read_timeout=5) as (url, state):
-            client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0, timeout=10)
+        with serve_proxy(server.url, None, read_timeout=120) as (url, state):  # (only the reset can break it)
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0, timeout=240)
             stream = client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "hi"}], stream=True
             )
             chunks = iter(stream)
             assert next(chunks).choices[0].delta.content == "Hel"
-            t0 = time.perf_counter()
             with pytest.raises((openai.APIConnectionError, httpx.RemoteProtocolError)):
                 list(chunks)
-            assert time.perf_counter() - t0 < 3
             assert metrics(url)['ragopt_upstream_errors_total{kind="stream"}'] == 1
             wait_until(lambda: upstream_pool_is_clean(state))
     finally:
@@ -499,7 +510,7 @@ def test_invalid_json_from_the_upstream_is_a_502(upstream, model, status, code):
             client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}])
         assert exc.value.status_code == status and exc.value.code == code
         assert metrics(url)['ragopt_upstream_errors_total{kind="invalid_response"}'] == 1
-        wait_until(lambda: upstream_pool_is_clean(state), timeout=3)
+        wait_until(lambda: upstream_pool_is_clean(state))
 
 
 def test_valid_compressed_json_and_the_upstreams_own_errors_are_relayed_as_sent(upstream):
@@ -520,8 +531,7 @@ def test_client_leaving_mid_stream_closes_the_upstream_stream_and_leaks_no_conne
         with httpx.Client() as c, c.stream("POST", f"{url}/v1/chat/completions", content=body) as r:
             chunks = r.iter_raw()  # (kept: a discarded generator would close the response at once)
             assert next(chunks).startswith(b"data: ")
-            time.sleep(0.2)
-            assert not upstream_pool_is_clean(state)  # the upstream response is still open
+            assert not upstream_pool_is_clean(state)  # the upstream response is still open (held at the gate)
         wait_until(lambda: upstream_pool_is_clean(state))
         conns = server.server.server_state.connections
         wait_until(lambda: not any(getattr(c, "client", None) == fake.last().client for c in list(conns)))
@@ -531,11 +541,11 @@ def test_client_leaving_mid_stream_closes_the_upstream_stream_and_leaks_no_conne
 def test_client_leaving_before_the_upstream_answers_closes_the_upstream_request(upstream):
     fake, up_url, server = upstream
     with serve_proxy(up_url, None) as (url, state):
-        with pytest.raises(httpx.ReadTimeout):
-            post(url, chat_body(None, model="slow-headers", x_delay=5), timeout=0.5)
-        wait_until(lambda: upstream_pool_is_clean(state), timeout=3)  # long before the upstream's 5 s
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up after 0.5 s: the upstream answers after 60
+            post(url, chat_body(None, model="slow-headers", x_delay=60), timeout=0.5)
+        wait_until(lambda: upstream_pool_is_clean(state))  # so the proxy closed it, long before the upstream's 60 s
         conns = server.server.server_state.connections
-        wait_until(lambda: not any(getattr(c, "client", None) == fake.last().client for c in list(conns)), 3)
+        wait_until(lambda: not any(getattr(c, "client", None) == fake.last().client for c in list(conns)))
 
 
 # -- the proxy model failing to load ----------------------------------------------------------------------------
@@ -547,7 +557,7 @@ def test_model_failing_to_load_serves_in_pass_through_mode(upstream, tmp_path, c
         model.write_bytes(content)
     caplog.set_level(logging.WARNING, logger="rag_opt")
     with serve_proxy(upstream[1], None, proxy_model=str(model), warmup=True) as (url, state):
-        wait_until(lambda: httpx.get(f"{url}/healthz").json()["optimizer"] != "loading", timeout=60)
+        wait_until(lambda: httpx.get(f"{url}/healthz").json()["optimizer"] != "loading")
         assert httpx.get(f"{url}/healthz").json() == {"status": "ok", "optimizer": "failed", "mode": "pass-through"}
         body = chat_body()
         r = post(url, body)
@@ -575,7 +585,7 @@ def test_rag_opt_serve_with_a_broken_model_starts_in_pass_through_mode(upstream,
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # a bound on start-up, not a speed budget
         health: dict[str, Any] = {}
         while health.get("optimizer") not in ("failed", "ready"):
             assert proc.poll() is None and time.monotonic() < deadline, "rag-opt serve did not come up"
@@ -675,7 +685,7 @@ def test_awkward_documents_through_the_proxy(upstream):
     binary = "\x00\x01\x02 PK\x03\x04 \ufffd\ufffd ÿØÿà JFIF \x7f\x1b[31m garbage. More\x00bytes here."
     enormous = " ".join(d["text"] for d in DOCS) * 40  # ~200 KB
     docs = [DOCS[0]["text"], DOCS[0]["text"], cjk, rtl, emoji, binary, enormous]
-    with serve_proxy(upstream[1], bm25_optimizer(), ratio=0.3, time_budget_ms=20_000) as (url, _):
+    with serve_proxy(upstream[1], bm25_optimizer(), ratio=0.3) as (url, _):  # (an unlimited time budget)
         for query in [QUESTION, "日本の首都は?", "ما هي عاصمة مصر؟", "🍕?"]:
             content = "\n".join(f"<document>{d}</document>" for d in docs) + f"\n\n{query}"
             body = json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]}).encode()
@@ -709,8 +719,9 @@ def test_a_document_longer_than_the_proxy_window_is_optimized_through_the_proxy(
     long_doc = " ".join(d["text"] for d in DOCS) * 4
     short = DOCS[0]["text"]
     content = f"<document id='long'>{long_doc}</document>\n<document id='short'>{short}</document>\n\n{QUESTION}"
-    with serve_proxy(upstream[1], ContextOptimizer(max_window_tokens=2048), target_tokens=300) as (url, _):
-        r = post(url, json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]}).encode(), 300)
+    # an unlimited time budget (serve_proxy's): the test is of windows, not of this machine's speed
+    with serve_proxy(upstream[1], ContextOptimizer(max_window_tokens=2048), target_tokens=300) as (url, state):
+        r = post(url, json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]}).encode(), None)
         assert r.status_code == 200 and r.headers["x-ragopt-status"] == "optimized"
         assert int(r.headers["x-ragopt-tokens-before"]) > 4000 >= 300 >= int(r.headers["x-ragopt-tokens-after"])
         got = fake.last().json()["messages"][0]["content"]
@@ -723,7 +734,7 @@ def test_a_document_longer_than_the_proxy_window_is_optimized_through_the_proxy(
         caplog.set_level(logging.WARNING, logger="rag_opt")
         one_sentence = " ".join(d["text"].replace(".", ",") for d in DOCS) * 2  # no sentence boundary: one unit
         content = f"<document>{one_sentence}.</document>\n<document>{short}</document>\n\n{QUESTION}"
-        r = post(url, json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]}).encode(), 300)
+        r = post(url, json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]}).encode(), None)
         assert r.status_code == 200 and r.headers["x-ragopt-status"] == "optimized"
         assert int(r.headers["x-ragopt-tokens-after"]) <= 300
         assert "exceeds the window" in caplog.text

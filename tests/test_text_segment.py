@@ -6,7 +6,7 @@ import gzip
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -244,12 +244,26 @@ def test_json_block_is_one_protected_segment() -> None:
     assert all(k == "sentence" for k, _ in pieces('{"a": 1} and more text. Next.'))
 
 
-def test_pathological_inputs_are_fast() -> None:
-    cases = ["[1,\n" * 20000, "{\n" * 20000, "a | b\n" * 20000, "```\nx\n" * 20000, "[" * 100000]
-    start = time.perf_counter()
-    for text in cases:
-        assert_partition(text, segment(text))
-    assert time.perf_counter() - start < 10
+def _cpu_s(fn: Callable[[], object]) -> float:
+    """The least CPU time of this thread over two runs (other processes on the machine do not count)."""
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.thread_time()
+        fn()
+        best = min(best, time.thread_time() - t0)
+    return best
+
+
+@pytest.mark.parametrize(
+    ("piece", "n"), [("[1,\n", 5000), ("{\n", 5000), ("a | b\n", 5000), ("```\nx\n", 5000), ("[", 25000)]
+)
+def test_pathological_inputs_take_linear_time(piece: str, n: int) -> None:
+    """Four times the input costs about four times the CPU time (a ratio on this machine, not a speed)."""
+    small, large = piece * n, piece * (4 * n)
+    assert_partition(large, segment(large))
+    t_small = _cpu_s(lambda: segment(small))
+    t_large = _cpu_s(lambda: segment(large))
+    assert t_large < 8 * t_small + 0.05, (t_small, t_large)
 
 
 def test_sentencex_failure_falls_back(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
@@ -401,9 +415,7 @@ def _hotpot_paragraphs() -> Iterator[list[str]]:
 @pytest.mark.data
 def test_squad_round_trip_and_answers() -> None:
     paragraphs = _squad_paragraphs()
-    start = time.perf_counter()
     results = [segment(p["context"]) for p in paragraphs]
-    elapsed = time.perf_counter() - start
     n_answers = n_within = 0
     for p, segs in zip(paragraphs, results, strict=True):
         text = p["context"]
@@ -423,7 +435,6 @@ def test_squad_round_trip_and_answers() -> None:
     assert len(paragraphs) > 500
     assert mean_segments > 4.0, mean_segments
     assert within >= 0.995, within
-    assert elapsed < 20, elapsed
 
 
 @pytest.mark.data

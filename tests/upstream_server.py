@@ -9,7 +9,8 @@ It records every request it receives (method, path, headers, raw body bytes) and
   prove the first chunk reached the client before the rest was even produced); ``stream-error``: an error
   event after the first chunk; ``stream-drop``: the connection drops after the first chunk;
 - ``slow-headers``: waits ``x_delay`` seconds (default 5) before answering; ``slow-stream``: waits ``x_delay``
-  seconds after the first chunk; ``invalid-json``: a 200 ``application/json`` body that is not JSON;
+  seconds after the first chunk (either stops waiting when the client disconnects); ``invalid-json``: a 200
+  ``application/json`` body that is not JSON;
   ``gzip-json`` / ``gzip-invalid``: a gzip-encoded completion / non-JSON body; ``html-502``: a 502 HTML page
   (a load balancer's error, not JSON);
 - otherwise a ``chat.completion`` whose content is ``ok``.
@@ -33,6 +34,7 @@ from typing import Any
 import anyio
 import uvicorn
 
+UNLIMITED_MS = 86_400_000  # a time budget no test reaches: a day
 MODELS = {"object": "list", "data": [{"id": "fake-llm", "object": "model", "created": 0, "owned_by": "tests"}]}
 
 
@@ -143,7 +145,7 @@ class FakeUpstream:
         model = req.get("model")
         delay = float(req.get("x_delay", 5))
         if model == "slow-headers":
-            await anyio.sleep(delay)
+            await _pause(receive, delay)
         if model == "invalid-json":
             return await self._raw(send, 200, b'{"id": "chatcmpl-test", "choices": [{"index": 0, "mess')
         if model in ("gzip-json", "gzip-invalid"):
@@ -169,7 +171,7 @@ class FakeUpstream:
         if model == "gated":
             self.gate_released = await anyio.to_thread.run_sync(self.gate.wait, 20.0)
         elif model == "slow-stream":
-            await anyio.sleep(delay)
+            await _pause(receive, delay)
         elif model == "stream-error":
             await send(
                 {
@@ -212,19 +214,27 @@ class FakeUpstream:
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-class ServerThread:
-    """Serve an ASGI app with uvicorn on 127.0.0.1 (a free port) in a daemon thread."""
+async def _pause(receive: Any, seconds: float) -> None:
+    """Wait ``seconds``, or until the client disconnects (a slow answer nobody waits for ends there)."""
+    with anyio.move_on_after(seconds):
+        while (await receive())["type"] != "http.disconnect":
+            pass
 
-    def __init__(self, app: Any) -> None:
+
+class ServerThread:
+    """Serve an ASGI app with uvicorn on 127.0.0.1 (a free port) in a daemon thread; ``options``: more
+    ``uvicorn.Config`` arguments (e.g. the proxy's own, :func:`rag_opt.server.http.uvicorn_options`)."""
+
+    def __init__(self, app: Any, **options: Any) -> None:
         # proto IPPROTO_TCP (not 0): asyncio then sets TCP_NODELAY on accepted connections, as it does for a
         # socket it creates itself (uvicorn.run); without it, Nagle + delayed ACKs add ~40 ms per response
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        config = uvicorn.Config(
-            app, log_level="warning", lifespan="on", server_header=False, date_header=False, access_log=False
-        )
+        # (proxy_headers off: a server records its real peer, not the X-Forwarded-For the proxy sends it)
+        values = {"server_header": False, "date_header": False, "access_log": False, "proxy_headers": False, **options}
+        config = uvicorn.Config(app, log_level="warning", lifespan="on", **values)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
@@ -260,14 +270,35 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 @contextmanager
 def serve_proxy(upstream_url: str, optimizer: Any, **settings: Any) -> Iterator[tuple[str, Any]]:
-    """Run the proxy app (uvicorn, 127.0.0.1) in front of ``upstream_url``; yields (url, ProxyState)."""
+    """Run the proxy app in front of ``upstream_url`` with the serving options of ``rag-opt serve`` (uvicorn,
+    127.0.0.1); yields (url, ProxyState). The time budget is a day: a test of optimization never depends on the
+    machine's speed (tests of the budget itself use :class:`BudgetClock`)."""
     from rag_opt.server.app import create_app
+    from rag_opt.server.http import uvicorn_options
     from rag_opt.server.settings import ProxySettings
 
-    values = {"upstream": f"{upstream_url}/v1", "time_budget_ms": 300_000, "warmup": False, "tool_min_chars": 300}
-    app = create_app(ProxySettings(**{**values, **settings}), optimizer=optimizer)
-    with ServerThread(app) as server:
+    values = {"upstream": f"{upstream_url}/v1", "time_budget_ms": UNLIMITED_MS, "warmup": False, "tool_min_chars": 300}
+    proxy_settings = ProxySettings(**{**values, **settings})
+    app = create_app(proxy_settings, optimizer=optimizer)
+    with ServerThread(app, **uvicorn_options(proxy_settings, app.state.ragopt.metrics)) as server:
         yield server.url, app.state.ragopt
+
+
+class BudgetClock:
+    """Decides when the proxy's optimizer time budgets run out, instead of the wall clock: :meth:`install` it
+    on a ``ProxyState``, then every budget waiting meanwhile (and later) runs out at :meth:`expire`."""
+
+    def __init__(self) -> None:
+        self.expired = threading.Event()
+
+    def install(self, state: Any) -> None:
+        state.pool.sleep = self.sleep
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.to_thread.run_sync(self.expired.wait, abandon_on_cancel=True)
+
+    def expire(self) -> None:
+        self.expired.set()
 
 
 def bm25_optimizer() -> Any:

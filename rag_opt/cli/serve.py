@@ -37,6 +37,7 @@ def _serve(args: argparse.Namespace) -> int:
     except ImportError:
         raise UserError("rag-opt serve needs the server extra: pip install 'rag-opt[server]'") from None
     from rag_opt.server.app import create_app
+    from rag_opt.server.http import uvicorn_options
     from rag_opt.server.settings import redact_url, settings_from_args
 
     settings = settings_from_args(args)
@@ -62,16 +63,14 @@ def _serve(args: argparse.Namespace) -> int:
         )
     if settings.log_bodies:
         logger.warning("--log-bodies: request and response bodies are logged (credentials redacted)")
+    # rag-opt's connection layer (read timeouts, connection limit), its own access log (no query strings), idle
+    # client connections kept 75 s (longer than client pools keep them: a client never sends a request on a
+    # connection the proxy is closing), the upstream's Server and Date headers relayed
     uvicorn.run(
         app,
         host=settings.host,
         port=settings.port,
         log_level="debug" if args.verbose >= 2 else "info",
-        access_log=False,  # rag-opt's own access log leaves out query strings (they may carry credentials)
-        # idle client connections stay open 75 s, longer than client pools keep them (httpx, hence the OpenAI
-        # SDKs: 5 s): a client never sends a request on a connection the proxy is closing
-        timeout_keep_alive=75,
-        server_header=False,  # the upstream's Server and Date headers are relayed
-        date_header=False,
+        **uvicorn_options(settings, app.state.ragopt.metrics),
     )
     return 0

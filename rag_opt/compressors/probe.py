@@ -127,6 +127,8 @@ class Probe:
             raise DataNotFoundError(f"probe file not found: {p}") from None
         except json.JSONDecodeError as exc:
             raise ProbeMismatchError(f"probe file {p} is not valid JSON: {exc}") from None
+        except UnicodeDecodeError:  # e.g. a pickle: probes are JSON text
+            raise ProbeMismatchError(f"probe file {p} is not JSON text (not UTF-8): probes are JSON files") from None
         if not isinstance(data, dict):
             raise ProbeMismatchError(f"probe file {p} must hold a JSON object")
         return cls.from_dict(data, source=f"probe file {p}")

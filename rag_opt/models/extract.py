@@ -25,6 +25,7 @@ import numpy as np
 from rag_opt.errors import InvalidInputError
 from rag_opt.models.capture import Capture, CaptureItem, StopForward, capturing
 from rag_opt.models.prompt import ANSWER_SUFFIX, CONTEXT_PREFIX, QUESTION_PREFIX, VIEWS, PromptLayout, render_prompt
+from rag_opt.work import check_proxy_tokens, checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.models.loader import ProxyModel
@@ -205,6 +206,7 @@ def extract_batch(
     batch: list[int] = []
     for i in [*order, -1]:
         if batch and (i < 0 or len(prompts[i].ids) * (len(batch) + 1) > batch_tokens):
+            checkpoint()  # between forward passes: stop here if the caller gave up (rag_opt.work)
             for j, res in zip(batch, _run_prompts(proxy, [prompts[j] for j in batch], depth), strict=True):
                 results[j] = res
             batch = []
@@ -255,6 +257,7 @@ def _plan_windows(
     if not all_units:
         raise InvalidInputError("no context to score: every document is empty")
     lengths_flat = [len(x) for x in proxy.tokenizer(all_units, add_special_tokens=False)["input_ids"]]
+    check_proxy_tokens(sum(lengths_flat))  # before any forward pass (rag_opt.work)
     overhead = len(proxy.tokenizer(CONTEXT_PREFIX + QUESTION_PREFIX + question + ANSWER_SUFFIX)["input_ids"]) + 8
     budget = max(max_tokens - overhead, 64)
     windows: list[list[tuple[int, int, int]]] = [[]]

@@ -6,10 +6,12 @@ upstream.
 
 Modules: :mod:`.app` (the ASGI app and its lifecycle), :mod:`.chat` (the chat completions flow),
 :mod:`.request` (reading a request and its per-request options), :mod:`.documents` (the context inside the
-messages, and writing it back), :mod:`.json_edit` (editing the JSON body in place), :mod:`.upstream`
-(forwarding and relaying), :mod:`.pool` (the optimizer's worker pool), :mod:`.state` (what one app holds),
-:mod:`.settings` (settings from the command line and environment), :mod:`.security`, :mod:`.metrics` and
-:mod:`.errors`.
+messages, and writing it back), :mod:`.markup` (finding document blocks in linear time), :mod:`.json_edit`
+(editing the JSON body in place), :mod:`.paths` (plain request paths, upstream URLs), :mod:`.upstream`
+(forwarding and relaying), :mod:`.http` (the connection layer: read timeouts, connection limit),
+:mod:`.pool` (the optimizer's worker pool), :mod:`.state` (what one app holds), :mod:`.settings` (settings
+from the command line and environment), :mod:`.security`, :mod:`.logs` (rate-limited repeats),
+:mod:`.metrics` and :mod:`.errors`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,21 @@
 """The OpenAI-compatible proxy as an ASGI app (Starlette): ``create_app(settings, optimizer=None)``.
 
 ``POST /v1/chat/completions`` has its context optimized (:mod:`rag_opt.server.chat`) and is forwarded; every
-other ``/v1/...`` request is forwarded unchanged (:mod:`rag_opt.server.upstream`); ``GET /healthz`` and
-``GET /metrics`` answer locally.
+other ``/v1/...`` request is forwarded unchanged (:mod:`rag_opt.server.upstream`); ``GET /livez`` (the process
+is up), ``GET /readyz`` and ``GET /health`` (503 until the proxy model has loaded or pass-through mode is
+settled), ``GET /healthz`` (always 200, with the optimizer's state) and ``GET /metrics`` answer locally. No
+redirect is ever built from the client's ``Host``: a path with a trailing slash is refused, not redirected; and
+the chat path takes ``POST`` only (another method is a 405, never forwarded unvalidated).
 
 Reliability: optimization runs on a bounded worker pool with a bounded queue (:mod:`rag_opt.server.pool`), never
 on the event loop; a request that fails, exceeds the time budget or finds the optimizer overloaded is forwarded
 as it came (fail-open), or answered 429 when configured. Request bodies are size-limited (413), validated
 (OpenAI-style 400) and parsed off the event loop when large. A client that disconnects cancels its optimization
 and closes the upstream request. The proxy model loads at start-up on the pool; if it fails to load, the proxy
-serves in pass-through mode. Security: :mod:`rag_opt.server.security` (proxy key, access log, redaction).
+serves in pass-through mode. Security: :mod:`rag_opt.server.security` (paths, proxy key, access log,
+redaction); connections: :mod:`rag_opt.server.http` (read timeouts, connection limit). An unexpected error is a
+500 whose log line has the exception's type and frames, never its message (it may quote request content), and
+repeated warnings are rate-limited (:mod:`rag_opt.server.logs`).
 """
 
 from __future__ import annotations
@@ -26,10 +32,13 @@ from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from rag_opt.server.chat import ChatCompletions
 from rag_opt.server.errors import BodyTooLarge, error_response
+from rag_opt.server.logs import RepeatLimiter, limit_repeats
 from rag_opt.server.metrics import CONTENT_TYPE
+from rag_opt.server.paths import CHAT_PATH
 from rag_opt.server.security import Guard, body_for_log, body_log, install_log_filters, redact_headers, too_large_body
 from rag_opt.server.settings import ProxySettings
 from rag_opt.server.state import Optimizer, ProxyState
@@ -114,16 +123,40 @@ async def _guarded(
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        msg = f"unknown path {request.url.path}: rag-opt serves /v1/..., /healthz and /metrics"
+        msg = "unknown path: rag-opt serves /v1/..., /livez, /readyz, /health, /healthz and /metrics"
         return error_response(404, msg, "invalid_request_error", "not_found")
     return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None)
 
 
+def _innermost(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (a task group wraps what its task raised)."""
+    inner = getattr(exc, "exceptions", None)  # (BaseExceptionGroup, or its backport before Python 3.11)
+    while isinstance(inner, (list, tuple)) and inner and isinstance(inner[0], BaseException):
+        exc = inner[0]
+        inner = getattr(exc, "exceptions", None)
+    return exc
+
+
 async def _server_error(request: Request, exc: Exception) -> Response:
-    # the frames, not the message: it may quote request content
-    frames = "".join(traceback.format_tb(exc.__traceback__))
-    logger.error("unexpected error (%s) at\n%s", type(exc).__name__, frames)
+    # the type and frames, not the message: it may quote request content
+    leaf = _innermost(exc)
+    frames = "".join(traceback.format_tb(leaf.__traceback__))
+    logger.error("unexpected error (%s) at\n%s", type(leaf).__name__, frames)
     return error_response(500, "internal error in the rag-opt proxy", "server_error", None)
+
+
+class _ProxyApp(Starlette):
+    """Starlette re-raises an unexpected error after answering it, for the server to log: uvicorn would log it
+    with its message. It was logged (:func:`_server_error`) and answered already, so it stops here."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # the lifespan: its failures are uvicorn's to report
+            await super().__call__(scope, receive, send)
+            return
+        try:
+            await super().__call__(scope, receive, send)
+        except Exception:  # noqa: BLE001 - answered and logged (type and frames) by _server_error
+            pass
 
 
 def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> Starlette:
@@ -139,29 +172,45 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        _ = state.upstream.client
-        if settings.warmup:
-            state.optimizer_state = "loading"
-            state.pool.submit_background(lambda: _warm_up(state))
-        try:
-            yield
-        finally:
-            await state.aclose()
+        with limit_repeats(RepeatLimiter()):
+            _ = state.upstream.client
+            if settings.warmup:
+                state.optimizer_state = "loading"
+                state.pool.submit_background(lambda: _warm_up(state))
+            try:
+                yield
+            finally:
+                await state.aclose()
 
     async def chat_completions(request: Request) -> Response:
         return await _guarded(state, request, "chat_completions", lambda raw: chat.handle(request, raw))
 
     async def passthrough(request: Request) -> Response:
+        if request.scope["path"] == CHAT_PATH:  # another method: never forwarded unvalidated
+            state.metrics.local_error("invalid_request")
+            msg = f"{CHAT_PATH} takes POST requests only"
+            return error_response(405, msg, "invalid_request_error", "method_not_allowed", headers={"allow": "POST"})
         return await _guarded(state, request, "passthrough", lambda raw: state.upstream.forward(request, raw, []))
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok", "optimizer": state.optimizer_state, "mode": state.mode})
+
+    async def livez(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        ready = state.ready
+        body = {"status": "ok" if ready else "starting", "optimizer": state.optimizer_state, "mode": state.mode}
+        return JSONResponse(body, 200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
 
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/livez", livez, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/health", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/{path:path}", passthrough, methods=_METHODS),
@@ -170,11 +219,12 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
     guard = Middleware(
         Guard, api_key=key, max_body_bytes=settings.max_body_bytes, metrics=state.metrics, secrets=state.secrets
     )
-    app = Starlette(
+    app = _ProxyApp(
         routes=routes,
         middleware=[guard],
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_error, Exception: _server_error},
     )
+    app.router.redirect_slashes = False  # a redirect would be built from the client's Host header
     app.state.ragopt = state
     return app

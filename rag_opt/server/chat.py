@@ -2,10 +2,17 @@
 place, forward the request upstream.
 
 The flow never fails a request the optimizer could not help: a failure to find the context, an optimizer error,
-an exceeded time budget, an overloaded pool (with ``--on-overload fail-open``, the default) or a proxy model that
-failed to load all forward the request unoptimized (fail-open). Only an invalid request is answered locally (an
-OpenAI-style 400), and an overloaded pool with ``--on-overload reject`` (a 429 with ``Retry-After``). What
-happened is told by the ``x-ragopt-*`` response headers (:class:`Outcome`) and counted in the metrics.
+an exceeded time budget, an overloaded pool (with ``--on-overload fail-open``, the default), a context over the
+work limits or a proxy model that failed to load all forward the request unoptimized (fail-open). Only an
+invalid request is answered locally (an OpenAI-style 4xx), and an overloaded pool with ``--on-overload reject``
+(a 429 with ``Retry-After``). What happened is told by the ``x-ragopt-*`` response headers (:class:`Outcome`)
+and counted in the metrics.
+
+Work is bounded before it is queued and while it runs: more than ``--max-documents`` documents are never queued;
+in the worker, :mod:`rag_opt.work` stops the optimization after segmentation past ``--max-units`` units and
+before the proxy model runs past ``--max-proxy-tokens`` of its tokens, and between stages and forward passes
+once the request's time budget ran out or its client left. A body sent with ``Content-Encoding: gzip`` or
+``deflate`` is decoded (at most ``--max-body-bytes`` once decoded) and forwarded decoded.
 """
 
 from __future__ import annotations
@@ -18,11 +25,14 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import Response
 
+from rag_opt.errors import WorkLimitExceeded
 from rag_opt.server.documents import ContextPlan, plan_request
 from rag_opt.server.errors import BudgetExceeded, Overloaded, RequestError, error_response
 from rag_opt.server.pool import off_loop, retry_after_s
+from rag_opt.server.request import decode_body
 from rag_opt.server.security import body_for_log, body_log
 from rag_opt.server.state import ProxyState
+from rag_opt.work import WorkLimits, scope
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.types import OptimizeResult
@@ -63,6 +73,14 @@ class ChatCompletions:
     async def handle(self, request: Request, raw: bytes) -> Response:
         """Answer one chat completion request whose body is ``raw``."""
         state = self.state
+        encoding = request.headers.get("content-encoding", "")
+        decoded = encoding.strip().lower() not in ("", "identity")
+        if decoded:
+            limit = state.settings.max_body_bytes
+            try:
+                raw = await off_loop(len(raw), lambda: decode_body(raw, encoding, limit))
+            except RequestError as exc:
+                return self._refused(exc)
         prepared = await self._prepare(raw, request)
         if isinstance(prepared, Response):
             return prepared
@@ -70,7 +88,14 @@ class ChatCompletions:
         state.metrics.outcome(outcome.status)
         if state.settings.log_bodies and body != raw:
             body_log.info("forwarded body=%s", body_for_log(body, state.secrets))
-        return await state.upstream.forward(request, body, outcome.headers())
+        drop = frozenset({"content-encoding"}) if decoded else frozenset()
+        return await state.upstream.forward(request, body, outcome.headers(), drop)
+
+    def _refused(self, exc: RequestError) -> Response:
+        """The OpenAI-style answer to an invalid request (not forwarded)."""
+        self.state.metrics.outcome("rejected")
+        self.state.metrics.local_error("too_large" if exc.status == 413 else "invalid_request")
+        return error_response(exc.status, exc.message, "invalid_request_error", exc.code, exc.param)
 
     async def _prepare(self, raw: bytes, request: Request) -> tuple[bytes, Outcome] | Response:
         """The body to forward and what was done, or a local answer (400, 429)."""
@@ -84,9 +109,7 @@ class ChatCompletions:
                 ),
             )
         except RequestError as exc:
-            state.metrics.outcome("rejected")
-            state.metrics.local_error("invalid_request")
-            return error_response(400, exc.message, "invalid_request_error", exc.code, exc.param)
+            return self._refused(exc)
         except Exception as exc:  # a bug here must not reach the client
             logger.warning("finding context failed (%s); forwarding the request unchanged", state.why(exc))
             state.metrics.failed_open("error")
@@ -101,6 +124,13 @@ class ChatCompletions:
             state.metrics.failed_open("unavailable")
             return await self._render(plan, None), Outcome("fail_open", reason="unavailable")
         t0 = time.perf_counter()
+        if len(plan.documents) > s.max_documents:  # never queued
+            logger.warning(
+                "a request has %d context documents, more than --max-documents %d: forwarding it unoptimized",
+                len(plan.documents),
+                s.max_documents,
+            )
+            return await self._fail_open(plan, "limit", t0)
         try:
             result = await self._optimize(plan)
         except Overloaded as exc:
@@ -125,6 +155,9 @@ class ChatCompletions:
                 exc.stage,
             )
             return await self._fail_open(plan, "timeout", t0)
+        except WorkLimitExceeded as exc:
+            logger.warning("%s: forwarding the request unoptimized", exc)
+            return await self._fail_open(plan, "limit", t0)
         except Exception as exc:
             logger.warning("optimization failed (%s); forwarding the request unoptimized", state.why(exc))
             return await self._fail_open(plan, "error", t0)
@@ -157,9 +190,11 @@ class ChatCompletions:
         budget = plan.options.budget if plan.options.budget is not None else state.settings.budget
         ordering = plan.options.ordering or state.settings.ordering
         query, docs, optimizer = plan.query or "", plan.optimizer_documents(), state.optimizer
+        limits = WorkLimits(max_units=state.settings.max_units, max_proxy_tokens=state.settings.max_proxy_tokens)
 
         def job() -> OptimizeResult:
-            return optimizer.optimize(query, docs, ordering=ordering, **budget.as_kwargs())
+            with scope(limits=limits):
+                return optimizer.optimize(query, docs, ordering=ordering, **budget.as_kwargs())
 
         state.metrics.add_in_flight(1)
         try:

@@ -9,7 +9,11 @@ removed), unless the request's ``rag_opt.query`` gives one. Context is, in this 
    (leading and trailing whitespace kept aside) is one document, optimized in place: kept sentences verbatim,
    dropped documents removed with their tags, and with a re-ordering, whole blocks move between the block
    positions of the same message text. An empty block (nothing but whitespace between the tags) is not a
-   document: it is forwarded as it is and keeps its place.
+   document: it is forwarded as it is and keeps its place; so is a block holding a lone UTF-16 surrogate (a
+   ``\\ud800``-style escape), which cannot be encoded for the optimizer. Blocks are found by
+   :func:`rag_opt.server.markup.scan` in linear time: quoted attribute values may contain ``>``; with nested
+   blocks, the innermost ones are the documents and the tags around them stay as they are; unmatched tags are
+   text.
 2. ``tool``/``function`` messages of the current turn without blocks whose text is at least
    ``tool_min_chars`` long: the whole text is one document.
 3. ``rag_opt.documents`` in the request's extension field: rendered as ``<document id=".." title="..">``
@@ -31,11 +35,11 @@ import html
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from rag_opt.server.errors import RewriteError
 from rag_opt.server.json_edit import Edit, JsonEditor, JsonPath, apply_edits
+from rag_opt.server.markup import parse_attributes, scan, strip_blocks
 from rag_opt.server.request import EXTENSION_FIELD, Options, parse_request
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,7 +51,7 @@ __all__ = [
     "Container",
     "ContextPlan",
     "Found",
-    "block_pattern",
+    "has_lone_surrogate",
     "parse_attributes",
     "plan_request",
 ]
@@ -56,30 +60,19 @@ SYSTEM_ROLES = ("system", "developer")
 TOOL_ROLES = ("tool", "function")
 
 
-# -- documents inside message text --------------------------------------------------------------------------
-@lru_cache(maxsize=16)
-def block_pattern(tag: str) -> re.Pattern[str]:
-    """``<tag attrs>body</tag>``, case-insensitive, non-greedy (blocks do not nest)."""
-    t = re.escape(tag)
-    return re.compile(rf"<{t}(?P<attrs>\s[^<>]*)?>(?P<body>.*?)</{t}\s*>", re.IGNORECASE | re.DOTALL)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_BLANKS = re.compile(r"\s+")  # (maximal runs, matched once each: no backtracking over a long run)
 
 
-_ATTR = re.compile(r"""(?P<name>[A-Za-z_:][-\w.:]*)\s*=\s*(?:"(?P<dq>[^"]*)"|'(?P<sq>[^']*)'|(?P<bare>[^\s"'=<>`]+))""")
+def _one_newline(m: re.Match[str]) -> str:
+    """A blank run with a line break becomes one line break; one without stays as it is."""
+    return "\n" if "\n" in m.group() else m.group()
 
 
-def parse_attributes(attrs: str) -> dict[str, str]:
-    """Attributes of an opening tag (HTML entities in values decoded)."""
-    out: dict[str, str] = {}
-    for m in _ATTR.finditer(attrs or ""):
-        value = (
-            m.group("dq")
-            if m.group("dq") is not None
-            else m.group("sq")
-            if m.group("sq") is not None
-            else m.group("bare")
-        )
-        out[m.group("name").lower()] = html.unescape(value or "")
-    return out
+def has_lone_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a UTF-16 surrogate on its own (from a ``\\ud800``-style JSON escape): it cannot
+    be encoded, so such a document is passed through as it is instead of being optimized."""
+    return _SURROGATE.search(text) is not None
 
 
 @dataclass
@@ -118,6 +111,11 @@ class Container:
     part: int | None
     text: str
     whole: bool = False  # the whole text is one document (a large tool message)
+
+
+def _optimizable(text: str) -> bool:
+    """A document worth optimizing: not empty, and encodable (no lone surrogate)."""
+    return bool(text.strip()) and not has_lone_surrogate(text)
 
 
 def _split_ws(body: str) -> tuple[str, str, str]:
@@ -297,7 +295,6 @@ def plan_request(
     body, options, ext_docs = parse_request(raw, headers)
     has_ext = EXTENSION_FIELD in body
 
-    pattern = block_pattern(tag)
     plan = ContextPlan(raw=raw, body=body, tag=tag, query=None, options=options, has_extension_field=has_ext)
     messages = body["messages"]
     users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
@@ -310,34 +307,36 @@ def plan_request(
         if not (role in SYSTEM_ROLES or i == last_user or is_tool):
             continue
         for part, text in _texts(m.get("content")):
-            blocks = [b for b in pattern.finditer(text) if b.group("body").strip()]
+            found = scan(text, tag).documents
+            blocks = [b for b in found if _optimizable(text[b.body_start : b.body_end])]
             if blocks:
                 plan.containers.append(Container(message=i, part=part, text=text))
                 for b in blocks:
-                    attrs = parse_attributes(b.group("attrs") or "")
-                    lead, core, trail = _split_ws(b.group("body"))
+                    lead, core, trail = _split_ws(text[b.body_start : b.body_end])
                     plan.documents.append(
                         Found(
                             text=core,
-                            id=attrs.get("id"),
-                            title=attrs.get("title") or None,
+                            id=b.attrs.get("id"),
+                            title=b.attrs.get("title") or None,
                             container=len(plan.containers) - 1,
-                            start=b.start(),
-                            end=b.end(),
-                            open_tag=text[b.start() : b.start("body")],
-                            close_tag=text[b.end("body") : b.end()],
+                            start=b.start,
+                            end=b.end,
+                            open_tag=text[b.start : b.body_start],
+                            close_tag=text[b.body_end : b.end],
                             lead=lead,
                             trail=trail,
                         )
                     )
             elif is_tool and tool_messages and len(text.strip()) >= tool_min_chars:
+                if has_lone_surrogate(text):
+                    continue
                 lead, core, trail = _split_ws(text)
                 plan.containers.append(Container(message=i, part=part, text=text, whole=True))
                 plan.documents.append(
                     Found(text=core, container=len(plan.containers) - 1, start=0, end=len(text), lead=lead, trail=trail)
                 )
     for d in ext_docs:
-        if not d.text.strip():  # an empty document is forwarded as it is, not optimized
+        if not _optimizable(d.text):  # an empty document is forwarded as it is, not optimized
             plan.extension.append(Found(text=d.text, id=d.id, title=d.title))
             continue
         extra: dict[str, Any] = {}
@@ -351,7 +350,9 @@ def plan_request(
     if options.query is not None:
         plan.query = options.query
     elif last_user is not None:
-        parts = [pattern.sub("", t) for _, t in _texts(messages[last_user].get("content"))]
-        question = re.sub(r"\s*\n\s*", "\n", "\n".join(parts)).strip()
+        parts = [strip_blocks(t, tag) for _, t in _texts(messages[last_user].get("content"))]
+        question = _BLANKS.sub(_one_newline, "\n".join(parts)).strip()
         plan.query = question or None
+    if plan.query is not None and has_lone_surrogate(plan.query):  # only scored, never written back
+        plan.query = _SURROGATE.sub("\ufffd", plan.query)
     return plan

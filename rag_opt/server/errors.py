@@ -26,13 +26,17 @@ __all__ = [
 
 class RequestError(RagOptError, ValueError):
     """A client error in a chat completion request (its body, the ``rag_opt`` field or ``x-ragopt-*``
-    headers); answered with an OpenAI-style 400 carrying ``message``, ``param`` and ``code``."""
+    headers); answered with an OpenAI-style error (``status``, 400 unless said otherwise) carrying ``message``,
+    ``param`` and ``code``."""
 
-    def __init__(self, message: str, param: str | None = None, code: str = "invalid_rag_opt") -> None:
+    def __init__(
+        self, message: str, param: str | None = None, code: str = "invalid_rag_opt", status: int = 400
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
+        self.status = status
 
 
 class BodyTooLarge(RagOptError):

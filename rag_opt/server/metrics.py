@@ -32,12 +32,14 @@ OUTCOMES = ("optimized", "no_context", "no_query", "disabled", "fail_open", "rej
 # why a request was forwarded unoptimized: the optimizer raised; the time budget ran out (waiting or running);
 # the optimizer was overloaded (queue full, or the estimated wait + run exceeded the budget); the proxy model
 # failed to load at start-up (pass-through mode)
-FAIL_OPEN_REASONS = ("error", "timeout", "overload", "unavailable")
+# a request over the work limits (--max-documents before queueing, --max-units / --max-proxy-tokens in the worker)
+FAIL_OPEN_REASONS = ("error", "timeout", "overload", "unavailable", "limit")
 SHED_REASONS = ("queue_full", "estimate")
 TIMEOUT_STAGES = ("queued", "running")
 UPSTREAM_ERRORS = ("connect", "timeout", "stream", "invalid_response")
-# requests the proxy answered itself with a 4xx before forwarding
-LOCAL_ERRORS = ("invalid_request", "unauthorized", "too_large")
+# requests the proxy answered itself before forwarding: 400 (bad input), 401, 413/414/431, 408 (the client did
+# not send its headers or body in time), 503 (connection limit)
+LOCAL_ERRORS = ("invalid_request", "unauthorized", "too_large", "request_timeout", "too_many_connections")
 OPTIMIZER_STATES = ("cold", "loading", "ready", "failed")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -86,6 +88,7 @@ class Metrics:
         self.documents_after = 0
         self.in_flight = 0  # chat requests waiting for or running an optimization
         self.abandoned_finished = 0  # optimizations that finished after their request had given up
+        self.cancelled_running = 0  # ... of which stopped early at a checkpoint
         self._latency = Histogram(LATENCY_BUCKETS)
         self._queue_wait = Histogram(WAIT_BUCKETS)
         # pool gauges, read at scrape time: (queued, busy, workers, queue limit)
@@ -131,6 +134,10 @@ class Metrics:
     def abandoned_done(self) -> None:
         with self._lock:
             self.abandoned_finished += 1
+
+    def cancelled(self) -> None:
+        with self._lock:
+            self.cancelled_running += 1
 
     def add_in_flight(self, n: int) -> None:
         with self._lock:
@@ -187,7 +194,13 @@ class Metrics:
                 "Timed-out optimizations that later finished on their worker (result discarded).",
             )
             out.append(f"ragopt_optimizer_abandoned_finished_total {self.abandoned_finished}")
-            family("ragopt_local_errors_total", "counter", "Requests answered by the proxy with a 4xx, by kind.")
+            family(
+                "ragopt_optimizer_cancelled_total",
+                "counter",
+                "Timed-out or abandoned optimizations stopped early, between stages or forward passes.",
+            )
+            out.append(f"ragopt_optimizer_cancelled_total {self.cancelled_running}")
+            family("ragopt_local_errors_total", "counter", "Requests the proxy refused itself (4xx, 503), by kind.")
             for k in LOCAL_ERRORS:
                 out.append(f'ragopt_local_errors_total{{kind="{k}"}} {self.local_errors[k]}')
             family("ragopt_tokens_before_total", "counter", "Context tokens before optimization (target tokenizer).")

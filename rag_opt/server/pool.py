@@ -9,9 +9,12 @@ finish within its time budget:
 - otherwise, when the estimated wait for a worker plus one typical run (an exponential moving average of recent
   run times) exceeds the budget: not admitted (:class:`Overloaded` ``"estimate"``).
 
-An admitted job that is still waiting when its budget runs out is cancelled (it never runs: no wasted work);
-one that is running is left to finish (a thread cannot be interrupted), its result discarded, and it keeps its
-worker busy meanwhile, which the admission estimate accounts for. :class:`BudgetExceeded` says which.
+An admitted job that is still waiting when its budget runs out is cancelled (it never runs: no wasted work).
+One that is running cannot be interrupted from outside its thread: it is told to stop (its cancel event, see
+:mod:`rag_opt.work`), which the optimizer checks between its stages and between forward passes; until then it
+keeps its worker busy, which the admission estimate accounts for, and its result is discarded.
+:class:`BudgetExceeded` says which. The budget is measured by :attr:`OptimizerPool.sleep` (``asyncio.sleep``;
+tests replace it with a clock they control).
 
 Worker threads run at a lower CPU priority (``nice``, Linux) than the event loop: on a busy CPU, requests
 without context keep being served at full speed and optimizations take the time left over.
@@ -28,22 +31,23 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import anyio.to_thread
 
-from rag_opt.errors import ConfigurationError
+from rag_opt.errors import Cancelled, ConfigurationError
 from rag_opt.server.errors import BudgetExceeded, Overloaded
 from rag_opt.server.metrics import Metrics
+from rag_opt.work import scope
 
 __all__ = ["EWMA_ALPHA", "INLINE_BYTES", "OptimizerPool", "off_loop", "retry_after_s"]
 
 T = TypeVar("T")
 EWMA_ALPHA = 0.3
-INLINE_BYTES = 256 * 1024  # inputs larger than this are handled on a worker thread by off_loop
+INLINE_BYTES = 64 * 1024  # inputs larger than this are handled on a worker thread by off_loop
 
 
 @dataclass
@@ -54,6 +58,7 @@ class _Job(Generic[T]):
     started: bool = False
     abandoned: bool = False
     future: Future[T] | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)  # set when its waiter gives up
 
 
 class OptimizerPool:
@@ -72,6 +77,7 @@ class OptimizerPool:
         self._queued = 0  # admitted, not started (and not cancelled)
         self._busy = 0  # running on a worker, timed-out ones included
         self._avg_s: float | None = None  # moving average of recorded run times
+        self.sleep: Callable[[float], Awaitable[object]] = asyncio.sleep  # measures the time budgets
 
     # -- state ----------------------------------------------------------------------------------------------
     def gauges(self) -> tuple[int, int, int, int]:
@@ -123,9 +129,13 @@ class OptimizerPool:
         t0 = time.monotonic()
         ok = False
         try:
-            out = job.fn()
+            with scope(cancel=job.cancel):
+                out = job.fn()
             ok = True
             return out
+        except Cancelled:
+            self.metrics.cancelled()
+            raise
         finally:
             elapsed = time.monotonic() - t0
             with self._lock:
@@ -145,6 +155,7 @@ class OptimizerPool:
         """The waiter gives up on ``job``: cancel it if it has not started. Returns the stage it was in."""
         with self._lock:
             job.abandoned = True
+            job.cancel.set()  # a running job stops at its next checkpoint
             if job.started:
                 return "running"
             if job.future is not None and job.future.cancel():  # never ran, never will
@@ -159,16 +170,18 @@ class OptimizerPool:
         ``fn`` raised. If the awaiting task is cancelled (the client left), the job is abandoned the same way.
         """
         job: _Job[T] = _Job(fn, record=True)
-        deadline = time.monotonic() + budget_s
         cfut = self._admit(job, budget_s)
         afut = asyncio.wrap_future(cfut)
+        timer: asyncio.Future[Any] = asyncio.ensure_future(self.sleep(budget_s))
         finished = False
         try:
-            done, _ = await asyncio.wait({afut}, timeout=max(0.0, deadline - time.monotonic()))
-            if afut in done:
+            await asyncio.wait([afut, timer], return_when=asyncio.FIRST_COMPLETED)
+            if afut.done():
                 finished = True
                 return afut.result()
         finally:
+            timer.cancel()
+            timer.add_done_callback(_consume)
             if not finished:
                 stage = self._abandon(job)
                 afut.add_done_callback(_consume)

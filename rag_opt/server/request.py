@@ -13,6 +13,7 @@ in the field replaces one in the headers.
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -23,7 +24,7 @@ from rag_opt.errors import InvalidInputError
 from rag_opt.server.errors import RequestError
 from rag_opt.types import Budget, Document, check_ordering, to_documents
 
-__all__ = ["EXTENSION_FIELD", "HEADER_PREFIX", "Options", "parse_body", "parse_request"]
+__all__ = ["EXTENSION_FIELD", "HEADER_PREFIX", "Options", "decode_body", "parse_body", "parse_request"]
 
 EXTENSION_FIELD = "rag_opt"
 HEADER_PREFIX = "x-ragopt-"
@@ -31,6 +32,9 @@ _BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _HEADERS = ("ratio", "target-tokens", "threshold", "ordering", "disable")
+_BODY_KEYS = frozenset({"messages", EXTENSION_FIELD})  # the keys rag-opt reads, where a duplicate is refused
+_MESSAGE_KEYS = frozenset({"role", "content"})
+_PART_KEYS = frozenset({"type", "text"})
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,39 @@ class _Extension(BaseModel):
     ordering: str | None = None
     placement: Literal["user", "system"] = "user"
     enabled: bool = True
+
+
+class _Duplicated(dict[str, Any]):
+    """A JSON object in which some keys appeared more than once (the last value kept, as ``json.loads`` does)."""
+
+    duplicates: frozenset[str] = frozenset()
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    seen: set[str] = set()
+    repeated: set[str] = set()
+    for key, _ in pairs:
+        (repeated if key in seen else seen).add(key)
+    dup = _Duplicated(out)
+    dup.duplicates = frozenset(repeated)
+    return dup
+
+
+def _check_unique(obj: dict[str, Any], where: str, keys: frozenset[str] | None = None) -> None:
+    """Refuse ``obj`` if a key rag-opt reads (``keys``; None: every key) appears in it more than once: rag-opt
+    and the upstream could read different values."""
+    dups: frozenset[str] = getattr(obj, "duplicates", frozenset())
+    for key in sorted(dups if keys is None else dups & keys):
+        param = f"{where}.{key}" if where else key
+        raise RequestError(
+            f"{param} appears more than once in the request body: send each key once (rag-opt and the upstream "
+            "could read different values)",
+            param,
+            "duplicate_key",
+        )
 
 
 def _budget(ratio: Any, target_tokens: Any, threshold: Any, where: str) -> Budget:
@@ -107,6 +144,11 @@ def _extension(value: Any) -> tuple[_Extension, list[Document]]:
     """Validate the ``rag_opt`` field; returns it and its documents."""
     if not isinstance(value, dict):
         raise RequestError(f"'{EXTENSION_FIELD}' must be an object, got {type(value).__name__}", EXTENSION_FIELD)
+    _check_unique(value, EXTENSION_FIELD)
+    raw_docs = value.get("documents")
+    for k, doc in enumerate(raw_docs if isinstance(raw_docs, list) else []):
+        if isinstance(doc, dict):
+            _check_unique(doc, f"{EXTENSION_FIELD}.documents[{k}]")
     try:
         ext = _Extension.model_validate(value)
     except ValidationError as exc:
@@ -159,6 +201,7 @@ def _check_messages(messages: Any) -> None:
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise RequestError(f"{where} must be an object, got {_json_type(m)}", where, "invalid_type")
+        _check_unique(m, where, _MESSAGE_KEYS)
         if "role" not in m:
             raise RequestError(f"{where}.role is missing", f"{where}.role", "missing_required_parameter")
         if not isinstance(m["role"], str):
@@ -178,6 +221,7 @@ def _check_messages(messages: Any) -> None:
             pwhere = f"{where}.content[{j}]"
             if not isinstance(part, dict):
                 raise RequestError(f"{pwhere} must be an object, got {_json_type(part)}", pwhere, "invalid_type")
+            _check_unique(part, pwhere, _PART_KEYS)
             if part.get("type") == "text" and not isinstance(part.get("text"), str):
                 raise RequestError(
                     f"{pwhere}.text must be a string, got {_json_type(part.get('text'))}",
@@ -214,7 +258,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
             code="invalid_encoding",
         ) from None
     try:
-        body = json.loads(text)
+        body = json.loads(text, object_pairs_hook=_object)
     except json.JSONDecodeError as exc:
         raise RequestError(
             f"the request body is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
@@ -224,7 +268,43 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         raise RequestError("the request body is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
         raise RequestError(f"the request body must be a JSON object, got {_json_type(body)}", code="invalid_json")
+    _check_unique(body, "", _BODY_KEYS)
     if "messages" not in body:
         raise RequestError("missing required parameter 'messages'", "messages", "missing_required_parameter")
     _check_messages(body["messages"])
     return body
+
+
+def decode_body(raw: bytes, encoding: str, limit: int) -> bytes:
+    """A request body sent with ``Content-Encoding: encoding`` (``gzip``, ``x-gzip``, ``deflate`` or
+    ``identity``), decoded; at most ``limit`` bytes once decoded. Raises
+    :class:`~rag_opt.server.errors.RequestError`: 415 for another or a stacked encoding, 413 past ``limit`` (a
+    gzip bomb stops there), 400 for a corrupt or truncated body."""
+    codings = [c.strip().lower() for c in encoding.split(",") if c.strip() and c.strip().lower() != "identity"]
+    if not codings:
+        return raw
+    if len(codings) > 1 or codings[0] not in ("gzip", "x-gzip", "deflate"):
+        raise RequestError(
+            f"Content-Encoding {encoding.strip()!r} is not supported: send the body as identity, gzip or deflate",
+            code="unsupported_encoding",
+            status=415,
+        )
+    for wbits in (47, -15) if codings[0] == "deflate" else (47,):  # 47: a gzip or zlib header; -15: raw deflate
+        d = zlib.decompressobj(wbits=wbits)
+        try:
+            out = d.decompress(raw, limit + 1)
+        except zlib.error:
+            continue
+        if len(out) > limit or d.unconsumed_tail:
+            raise RequestError(
+                f"the {codings[0]} request body exceeds the proxy's limit of {limit} bytes once decompressed "
+                "(--max-body-bytes)",
+                code="request_too_large",
+                status=413,
+            )
+        if d.eof and not d.unused_data:
+            return out
+    raise RequestError(
+        f"the request body is not valid {codings[0]} data (corrupt or truncated): check its Content-Encoding",
+        code="invalid_encoding",
+    )

@@ -2,18 +2,26 @@
 redaction used by ``--log-bodies``.
 
 The proxy key (``--api-key`` / ``RAG_OPT_API_KEY``) is accepted as ``X-RagOpt-Api-Key: <key>`` or as
-``Authorization: Bearer <key>`` and compared in constant time (:func:`hmac.compare_digest`). Neither reaches
-the upstream: ``X-RagOpt-Api-Key`` is always removed, and an ``Authorization`` header that carries the proxy key
-is removed (the upstream then gets ``--upstream-api-key`` when one is configured, else no ``Authorization``).
-``GET /healthz`` is open (liveness probes; it says nothing but the proxy's state); everything else, ``/metrics``
-included, needs the key when one is set.
+``Authorization: Bearer <key>`` and compared in constant time (:func:`hmac.compare_digest`). It never reaches
+the upstream: ``X-RagOpt-Api-Key`` is always removed, and so is every other header that carries the proxy key
+anywhere in its name or value (``Authorization: Token <key>``, ``Bearer<TAB><key>``, ``api-key: <key>``, Basic
+credentials...); the upstream then gets ``--upstream-api-key`` when one is configured, else no
+``Authorization``. ``GET /healthz``, ``/livez``, ``/readyz`` and ``/health`` are open (probes; they say nothing
+but the proxy's state); everything else, ``/metrics`` included, needs the key when one is set.
+
+Before that, every request's path is checked (:func:`rag_opt.server.paths.check_path`: 414 when too long, 400
+when not plain), and a request that declares both ``Transfer-Encoding`` and ``Content-Length`` (a smuggling
+pattern) is answered 400 and its connection closed.
 
 Credentials are never logged: the access log has the method, the path without its query string, the status and
-the time; request and response bodies are logged only with ``--log-bodies``, and then through :func:`redact`.
+the time (a path cut at 200 characters); request and response bodies are logged only with ``--log-bodies``,
+and then through :func:`redact`.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import json
 import logging
@@ -23,12 +31,14 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rag_opt.server.errors import error_json
+from rag_opt.server.errors import RequestError, error_json
 from rag_opt.server.metrics import Metrics
+from rag_opt.server.paths import check_path
 
 __all__ = [
     "KEY_HEADER",
     "LOG_BODY_LIMIT",
+    "LOG_PATH_LIMIT",
     "OPEN_PATHS",
     "SENSITIVE_HEADERS",
     "Guard",
@@ -45,7 +55,8 @@ access_log = logging.getLogger("rag_opt.server.access")
 body_log = logging.getLogger("rag_opt.server.bodies")
 
 KEY_HEADER = b"x-ragopt-api-key"
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/health"})
+LOG_PATH_LIMIT = 200  # characters of a path in the access log
 SENSITIVE_HEADERS = frozenset(
     {
         "authorization",
@@ -152,10 +163,11 @@ class Guard:
             # both compared, each in constant time: no early exit reveals which one (or how much) matched
             by_header = hmac.compare_digest(presented_header or b"", key) and presented_header is not None
             by_bearer = hmac.compare_digest(presented_bearer or b"", key) and presented_bearer is not None
-        kept = [
-            (k, v) for k, v in headers if k.lower() != KEY_HEADER and not (by_bearer and k.lower() == b"authorization")
-        ]
-        return key is None or by_header or by_bearer, kept
+        ok = key is None or by_header or by_bearer
+        # (searched only once authorized: an unauthorized request is never forwarded, and learns no timing)
+        strip = key is not None and ok
+        kept = [(k, v) for k, v in headers if k.lower() != KEY_HEADER and not (strip and _carries(k, v, key or b""))]
+        return ok, kept
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -173,16 +185,35 @@ class Guard:
             await self._handle(scope, receive, send_logged)
         finally:
             client = scope.get("client")
+            path = scope["path"]
+            if len(path) > LOG_PATH_LIMIT:
+                path = f"{path[:LOG_PATH_LIMIT]}...({len(path)} characters)"
             access_log.info(
                 "%s %s %s %s %.1fms",
                 client[0] if client else "-",
                 scope["method"],
-                scope["path"],  # never the query string: it may carry credentials
+                path,  # never the query string: it may carry credentials
                 status[0] or "-",
                 (time.perf_counter() - t0) * 1e3,
             )
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            check_path(scope.get("raw_path") or scope["path"].encode("utf-8"), scope["path"])
+        except RequestError as exc:
+            self.metrics.local_error("too_large" if exc.status == 414 else "invalid_request")
+            await _send_json(send, exc.status, error_json(exc.message, "invalid_request_error", exc.code))
+            return
+        names = {k.lower() for k, _ in scope["headers"]}
+        if b"transfer-encoding" in names and b"content-length" in names:
+            self.metrics.local_error("invalid_request")
+            body = error_json(
+                "the request has both Transfer-Encoding and Content-Length: send one of them",
+                "invalid_request_error",
+                "invalid_framing",
+            )
+            await _send_json(send, 400, body, [(b"connection", b"close")])  # and close the connection
+            return
         ok, headers = self.authorize(list(scope["headers"]))
         scope = {**scope, "headers": headers}
         if not ok and scope["path"] not in OPEN_PATHS:
@@ -211,6 +242,19 @@ class Guard:
                 await _send_json(send, 413, too_large_body(self.max_body_bytes))
                 return
         await self.app(scope, receive, send)
+
+
+def _carries(name: bytes, value: bytes, key: bytes) -> bool:
+    """Whether a header carries the proxy key: in its name or value, or inside Basic credentials."""
+    if key in name or key in value:
+        return True
+    scheme, _, cred = value.strip().partition(b" ")
+    if scheme.lower() == b"basic":
+        try:
+            return key in base64.b64decode(cred.strip(), validate=False)
+        except (binascii.Error, ValueError):
+            return False
+    return False
 
 
 def too_large_body(limit: int) -> bytes:

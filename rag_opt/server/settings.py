@@ -4,13 +4,16 @@ Precedence: command line > environment > defaults. Every field ``name`` has the 
 ``RAG_OPT_<NAME>`` (e.g. ``RAG_OPT_UPSTREAM``, ``RAG_OPT_RATIO``, ``RAG_OPT_UPSTREAM_API_KEY``,
 ``RAG_OPT_PROXY_MODEL`` — the same variable the library reads for its default proxy model) and the command-line
 flag ``--<name>`` with dashes (``--proxy-model`` is ``--model``; a boolean that is on by default is turned off
-by ``--no-<name>``). :func:`add_settings_arguments` generates the flags from the model's fields,
+by ``--no-<name>``). A variable set to an empty value counts as unset, except a key (``RAG_OPT_API_KEY``,
+``RAG_OPT_UPSTREAM_API_KEY``): an empty one is refused, as ``--api-key ""`` is. :func:`add_settings_arguments`
+generates the flags from the model's fields,
 :func:`settings_from_args` reads them back.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import re
 import types
@@ -29,6 +32,7 @@ __all__ = [
     "ProxySettings",
     "add_settings_arguments",
     "cli_flag",
+    "connection_limit",
     "redact_url",
     "settings_from_args",
 ]
@@ -36,6 +40,23 @@ __all__ = [
 ENV_PREFIX = "RAG_OPT_"
 DEFAULT_RATIO = 0.5
 _BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")
+_SECRETS = ("api_key", "upstream_api_key")
+FD_RESERVE = 64  # file descriptors kept for the listening socket, logs, model files, ...
+
+
+def connection_limit(requested: int) -> int:
+    """``requested`` client connections (``--max-connections``), lowered to fit the process's open-file limit
+    (``ulimit -n``): a third of what is left after :data:`FD_RESERVE` descriptors, for as many upstream
+    connections and as many connections accepted in one burst before the proxy can refuse them."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return requested
+    if soft == resource.RLIM_INFINITY:
+        return requested
+    return max(1, min(requested, (soft - FD_RESERVE) // 3))
 
 
 def redact_url(url: str) -> str:
@@ -107,6 +128,38 @@ class ProxySettings(BaseModel):
         le=19,
         description="run the optimizer threads this much lower in CPU priority than request handling (Linux; 0: off)",
     )
+    max_documents: int = Field(
+        default=1000, ge=1, description="a request with more context documents is forwarded unoptimized, never queued"
+    )
+    max_units: int = Field(
+        default=20_000,
+        ge=1,
+        description="an optimization stops after segmentation when the context has more units (sentences, ...)",
+    )
+    max_proxy_tokens: int = Field(
+        default=65_536,
+        ge=1,
+        description="an optimization stops before the proxy model runs when the context has more of its tokens",
+    )
+    header_timeout: float = Field(
+        default=10.0, gt=0, description="seconds a client has to send a request's headers; then a 408, and it is closed"
+    )
+    body_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds a client has to send a request's whole body once its headers are in; then a 408",
+    )
+    max_connections: int = Field(
+        default=1000,
+        ge=1,
+        description="open client connections; more are refused at once with a 503 (lowered to fit the open-file limit)",
+    )
+    trusted_proxies: str | None = Field(
+        default=None,
+        description="comma-separated addresses or networks (CIDR) of proxies in front whose X-Forwarded-For, "
+        "X-Real-IP and Forwarded headers are kept; from other peers they are replaced",
+        json_schema_extra={"metavar": "NETWORKS"},
+    )
     connect_timeout: float = Field(default=10.0, gt=0, description="seconds to connect to the upstream")
     read_timeout: float = Field(default=600.0, gt=0, description="seconds between bytes from the upstream")
     warmup: bool = Field(default=True, description="load the proxy model at start-up, in the background")
@@ -125,7 +178,20 @@ class ProxySettings(BaseModel):
         v = v.strip()
         if not re.match(r"^https?://[^/\s]+", v):
             raise ConfigurationError(f"must be an http(s) URL such as http://localhost:8080/v1, got {v!r}")
+        if "?" in v or "#" in v:
+            raise ConfigurationError(f"must be a base URL without a query string or fragment, got {redact_url(v)!r}")
         return v.rstrip("/")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _networks(cls, v: str | None) -> str | None:
+        for part in (v or "").split(","):
+            try:
+                if part.strip():
+                    ipaddress.ip_network(part.strip(), strict=False)
+            except ValueError:
+                raise ConfigurationError(f"{part.strip()!r} is not an IP address or network (CIDR)") from None
+        return v
 
     @field_validator("api_key", "upstream_api_key")
     @classmethod
@@ -178,6 +244,11 @@ class ProxySettings(BaseModel):
         origin: dict[str, str] = {}
         for name in cls.model_fields:
             raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None and raw.strip() == "" and name in _SECRETS:  # as --api-key "" is: refused
+                raise ConfigurationError(
+                    f"{ENV_PREFIX}{name.upper()} is set but empty: an empty key cannot be used (and would silently "
+                    "turn it off); unset the variable or give the key"
+                )
             if raw is not None and raw.strip() != "":
                 data[name] = raw.strip()
                 origin[name] = ENV_PREFIX + name.upper()

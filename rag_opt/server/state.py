@@ -68,6 +68,14 @@ class ProxyState:
         self.upstream = Upstream(settings, self.metrics, self.secrets)
 
     @property
+    def ready(self) -> bool:
+        """Ready to serve as configured: the proxy model has loaded, or failed to (pass-through mode is settled),
+        or is loaded on first use (``--no-warmup``)."""
+        return self.optimizer_state in ("ready", "failed") or (
+            self.optimizer_state == "cold" and not self.settings.warmup
+        )
+
+    @property
     def mode(self) -> str:
         """``pass-through`` when the proxy model failed to load, else ``optimizing``."""
         return "pass-through" if self.optimizer_state == "failed" else "optimizing"

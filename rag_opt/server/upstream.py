@@ -1,10 +1,15 @@
 """Forwarding requests to the upstream LLM server and relaying its responses.
 
-One shared ``httpx.AsyncClient`` per app. A forwarded request keeps the client's method, path below ``/v1``,
-query string, headers and body, less hop-by-hop headers, ``Host``/``Content-Length``/``Expect`` (the body was
-read already), rag-opt's own ``x-ragopt-*`` headers, and the client's credentials when ``--upstream-api-key``
-replaces them. Upstream responses (status, headers, body bytes) are relayed as they arrive, so streamed
-server-sent events reach the client chunk by chunk; a successful JSON response that is not too large is checked
+One shared ``httpx.AsyncClient`` per app. A forwarded request keeps the client's method, path below ``/v1``
+(appended to the upstream's base path: :func:`rag_opt.server.paths.upstream_url`), query string, headers and
+body, less hop-by-hop headers, ``Host``/``Content-Length``/``Expect`` (the body was read already), rag-opt's own
+``x-ragopt-*`` headers, and the client's credentials when ``--upstream-api-key`` replaces them. Forwarding
+headers are the proxy's to set: ``X-Forwarded-For`` names the real peer (appended to the client's own list
+only when the peer is one of ``--trusted-proxies``); from other peers, ``X-Forwarded-*``, ``X-Real-IP``,
+``Forwarded`` and the like are removed.
+
+Upstream responses (status, headers, body bytes) are relayed as they arrive, so streamed server-sent events
+reach the client chunk by chunk; a successful JSON response that is not too large is checked
 first, so that an upstream sending invalid JSON becomes a 502 rather than a corrupt answer. Upstream failures
 are OpenAI-style 502/504 answers; a client that disconnects closes the upstream request.
 """
@@ -12,6 +17,7 @@ are OpenAI-style 502/504 answers; a client that disconnects closes the upstream 
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 import logging
 import zlib
@@ -23,13 +29,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from rag_opt.server.errors import error_response
+from rag_opt.server.errors import RequestError, error_response
 from rag_opt.server.metrics import Metrics
+from rag_opt.server.paths import upstream_url
 from rag_opt.server.pool import off_loop
 from rag_opt.server.security import body_for_log, body_log, redact_headers
-from rag_opt.server.settings import ProxySettings
+from rag_opt.server.settings import ProxySettings, connection_limit
 
-__all__ = ["HOP_BY_HOP", "VALIDATE_BYTES", "Upstream"]
+__all__ = ["FORWARDING_HEADERS", "HOP_BY_HOP", "VALIDATE_BYTES", "Upstream", "parse_networks"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +56,41 @@ HOP_BY_HOP = frozenset(
 )
 _NOT_FORWARDED = HOP_BY_HOP | {"host", "content-length", "expect"}  # the body was read already
 _HTTPX_DEFAULTS = ("accept", "accept-encoding", "user-agent")  # httpx adds these; a proxy must not
+# forwarding headers: trusted only from --trusted-proxies, else removed (X-Forwarded-For is set from the peer)
+FORWARDING_HEADERS = frozenset(
+    {
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-port",
+        "x-forwarded-prefix",
+        "x-forwarded-proto",
+        "x-forwarded-server",
+        "x-real-ip",
+        "x-client-ip",
+        "true-client-ip",
+        "x-cluster-client-ip",
+    }
+)
 VALIDATE_BYTES = 16 * 1024 * 1024  # successful JSON responses up to this size are checked before relaying
+
+
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def parse_networks(spec: str | None) -> tuple[Network, ...]:
+    """``"10.0.0.1, 192.168.0.0/16"`` -> networks (a bare address is a /32 or /128); ValueError when invalid."""
+    return tuple(ipaddress.ip_network(p.strip(), strict=False) for p in (spec or "").split(",") if p.strip())
+
+
+def _trusted(peer: str | None, networks: tuple[Network, ...]) -> bool:
+    if peer is None or not networks:
+        return False
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:
+        return False
+    return any(address in n for n in networks)
 
 
 def _connection_listed(values: list[str]) -> set[str]:
@@ -161,6 +202,8 @@ class Upstream:
         self.settings = settings
         self.metrics = metrics
         self.secrets = secrets
+        self.base = httpx.URL(settings.upstream)
+        self.trusted = parse_networks(settings.trusted_proxies)
         self._client: httpx.AsyncClient | None = None
 
     @property
@@ -168,11 +211,14 @@ class Upstream:
         """The one shared upstream client."""
         if self._client is None:
             s = self.settings
+            most = connection_limit(s.max_connections)  # one upstream connection per client connection at most
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(s.read_timeout, connect=s.connect_timeout, pool=s.connect_timeout),
                 # idle connections are dropped after 4 s, before common upstream keep-alive timeouts (uvicorn,
                 # hence vLLM and others: 5 s): the proxy never sends a request on a connection being closed
-                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=4.0),
+                limits=httpx.Limits(
+                    max_connections=most, max_keepalive_connections=min(100, most), keepalive_expiry=4.0
+                ),
                 follow_redirects=False,
             )
         return self._client
@@ -182,38 +228,58 @@ class Upstream:
             await self._client.aclose()
             self._client = None
 
-    def url(self, scope: Scope) -> str:
-        """The upstream URL of a request: the upstream base URL, the path below ``/v1`` and the query string."""
-        raw_path = scope.get("raw_path") or scope["path"].encode()
-        path = raw_path.decode("latin-1")
-        rest = path[len("/v1") :] if path.startswith("/v1") else path
-        query = scope.get("query_string", b"").decode("latin-1")
-        return self.settings.upstream + rest + (f"?{query}" if query else "")
+    def url(self, scope: Scope) -> httpx.URL:
+        """The upstream URL of a request: the upstream base URL, the path below ``/v1`` and the query string
+        (:func:`rag_opt.server.paths.upstream_url`; RequestError if it would leave the base)."""
+        raw_path = scope.get("raw_path") or scope["path"].encode("utf-8")
+        return upstream_url(self.base, raw_path, scope.get("query_string", b""))
 
-    def request_headers(self, request: Request) -> list[tuple[bytes, bytes]]:
-        """The headers to forward (see the module docstring)."""
-        drop = _NOT_FORWARDED | _connection_listed(request.headers.getlist("connection"))
+    def request_headers(self, request: Request, drop_extra: frozenset[str] = frozenset()) -> list[tuple[bytes, bytes]]:
+        """The headers to forward (see the module docstring); ``drop_extra``: more names not to forward."""
+        drop = _NOT_FORWARDED | {"x-forwarded-for"} | drop_extra  # X-Forwarded-For: set below
+        drop = drop | _connection_listed(request.headers.getlist("connection"))
         key = self.settings.upstream_api_key
         if key is not None:
             drop = drop | {"authorization", "api-key"}
+        client = request.scope.get("client")
+        peer = client[0] if client else None
+        trusted = _trusted(peer, self.trusted)
+        if not trusted:
+            drop = drop | FORWARDING_HEADERS
         out = [
             (k, v)
             for k, v in request.headers.raw
             if (n := k.decode("latin-1").lower()) not in drop and not n.startswith("x-ragopt-")
         ]
+        if peer is not None:
+            chain = [v.decode("latin-1").strip() for k, v in request.headers.raw if k.lower() == b"x-forwarded-for"]
+            chain = [c for c in chain if c] if trusted else []
+            out.append((b"x-forwarded-for", ", ".join([*chain, peer]).encode("latin-1")))
         if key is not None:
             out.append((b"authorization", f"Bearer {key.get_secret_value()}".encode("latin-1")))
         return out
 
-    async def forward(self, request: Request, body: bytes, extra_headers: list[tuple[bytes, bytes]]) -> Response:
-        """Send the request upstream with ``body`` and relay the response as it arrives, with ``extra_headers``.
+    async def forward(
+        self,
+        request: Request,
+        body: bytes,
+        extra_headers: list[tuple[bytes, bytes]],
+        drop_headers: frozenset[str] = frozenset(),
+    ) -> Response:
+        """Send the request upstream with ``body`` and relay the response as it arrives, with ``extra_headers``
+        (``drop_headers``: request headers not to forward, e.g. ``content-encoding`` of a body decoded here).
 
         A successful JSON (not streamed) response is read first and checked: invalid JSON from the upstream is
         a 502 rather than a corrupt answer, and an upstream that fails while sending it a clean 502/504.
         """
-        headers = self.request_headers(request)
+        headers = self.request_headers(request, drop_headers)
         sent = {k.decode("latin-1").lower() for k, _ in headers}
-        req = self.client.build_request(request.method, self.url(request.scope), headers=headers, content=body or None)
+        try:
+            url = self.url(request.scope)
+            req = self.client.build_request(request.method, url, headers=headers, content=body or None)
+        except (RequestError, httpx.InvalidURL) as exc:
+            message = exc.message if isinstance(exc, RequestError) else "invalid request path: it is not a valid URL"
+            return error_response(400, message, "invalid_request_error", "invalid_path")
         for name in _HTTPX_DEFAULTS:
             if name not in sent and name in req.headers:
                 del req.headers[name]

@@ -1,0 +1,82 @@
+"""The request paths the proxy accepts, and the upstream URL of a forwarded request.
+
+A request path must be plain: it starts with ``/``, is at most :data:`MAX_PATH_BYTES` long (else 414), and has
+no empty segment (``//``, a trailing ``/``), no ``.``/``..`` segment (encoded or not), no encoded ``/`` or
+``\\`` (``%2F``, ``%5C``), no raw ``\\``, no malformed ``%`` escape and no control character (else 400,
+``invalid_path``). The chat route is matched exactly: a path that differs from ``/v1/chat/completions`` only in
+letter case is refused rather than forwarded unvalidated. So one path means one thing to the proxy and to the
+upstream, and no redirect is ever built from the client's ``Host``.
+
+The upstream URL is built from the parts of ``--upstream`` (scheme, host, port and base path), never by
+joining strings: the client's path below ``/v1`` is appended to the base path and its query string kept, and
+the result is checked to have the base's scheme, host and port and a path under the base path.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote_to_bytes
+
+import httpx
+
+from rag_opt.server.errors import RequestError
+
+__all__ = ["CHAT_PATH", "MAX_PATH_BYTES", "check_path", "upstream_url"]
+
+MAX_PATH_BYTES = 8192
+CHAT_PATH = "/v1/chat/completions"
+_BAD_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
+
+
+def _invalid(reason: str) -> RequestError:
+    return RequestError(
+        f"invalid request path: {reason}; rag-opt forwards only plain paths such as /v1/chat/completions",
+        code="invalid_path",
+    )
+
+
+def check_path(raw_path: bytes, path: str) -> None:
+    """Refuse a request path that is not plain (see the module docstring); ``raw_path`` as received, ``path``
+    percent-decoded. Raises :class:`~rag_opt.server.errors.RequestError` (414 or 400)."""
+    if len(raw_path) > MAX_PATH_BYTES:
+        raise RequestError(
+            f"the request path is {len(raw_path)} bytes long, more than the proxy's limit of {MAX_PATH_BYTES}",
+            code="uri_too_long",
+            status=414,
+        )
+    if not raw_path.startswith(b"/"):
+        raise _invalid("the request target must be a path starting with '/'")
+    if raw_path == b"/":
+        return
+    if b"\\" in raw_path:
+        raise _invalid("it has a backslash")
+    if _BAD_ESCAPE.search(raw_path):
+        raise _invalid("it has a '%' not followed by two hexadecimal digits")
+    for segment in raw_path[1:].split(b"/"):
+        if not segment:
+            raise _invalid("it has an empty segment ('//' or a trailing '/')")
+        decoded = unquote_to_bytes(segment)
+        if decoded in (b".", b".."):
+            raise _invalid("it has a '.' or '..' segment")
+        if b"/" in decoded or b"\\" in decoded:
+            raise _invalid("it has an encoded '/' or '\\' (%2F, %5C)")
+        if _CONTROL.search(decoded):
+            raise _invalid("it has a control character")
+    if path != CHAT_PATH and path.lower() == CHAT_PATH:
+        raise _invalid(f"the chat completions path is {CHAT_PATH}, in lower case")
+
+
+def upstream_url(base: httpx.URL, raw_path: bytes, query: bytes) -> httpx.URL:
+    """The upstream URL of a request for ``raw_path`` (a checked path under ``/v1/``) with ``query``: the base
+    path of ``base`` followed by the path below ``/v1``. Raises
+    :class:`~rag_opt.server.errors.RequestError` if the result would leave the base (scheme, host, port or
+    path)."""
+    if not raw_path.startswith(b"/v1/"):
+        raise _invalid("forwarded paths start with /v1/")
+    prefix = base.raw_path.split(b"?", 1)[0].rstrip(b"/")
+    url = base.copy_with(raw_path=prefix + raw_path[len(b"/v1") :] + (b"?" + query if query else b""))
+    under = base.path.rstrip("/") + "/"
+    if (url.scheme, url.host, url.port) != (base.scheme, base.host, base.port) or not url.path.startswith(under):
+        raise _invalid("it would leave the upstream base URL")
+    return url

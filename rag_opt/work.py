@@ -1,0 +1,82 @@
+"""Bounding and cancelling the work of one optimization: limits checked before the expensive stages, and
+checkpoints between stages and between forward passes.
+
+A caller that runs :meth:`rag_opt.ContextOptimizer.optimize` on a thread can open a :func:`scope` on that thread
+with :class:`WorkLimits` (units, proxy tokens) and a cancel event. The pipeline then checks the number of units
+after segmentation and the number of proxy tokens before the first forward pass (raising
+:class:`~rag_opt.errors.WorkLimitExceeded`), and calls :func:`checkpoint` between its stages and between the
+windows of the proxy model, which raises :class:`~rag_opt.errors.Cancelled` once the event is set. Outside a
+scope nothing is limited and nothing is cancelled. The proxy server (``rag-opt serve``) uses it so that a request
+cannot hold a worker for long after its time budget ran out or its client left.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from rag_opt.errors import Cancelled, WorkLimitExceeded
+
+__all__ = ["WorkLimits", "check_proxy_tokens", "check_units", "checkpoint", "scope"]
+
+
+@dataclass(frozen=True)
+class WorkLimits:
+    """Most units (sentences, titles, ...) and proxy-model tokens one optimization may process; None: no limit."""
+
+    max_units: int | None = None
+    max_proxy_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class _Scope:
+    limits: WorkLimits
+    cancel: threading.Event | None
+
+
+_NONE = _Scope(WorkLimits(), None)
+_local = threading.local()
+
+
+def _current() -> _Scope:
+    scope_: _Scope = getattr(_local, "scope", _NONE)
+    return scope_
+
+
+@contextmanager
+def scope(*, limits: WorkLimits | None = None, cancel: threading.Event | None = None) -> Iterator[None]:
+    """Within this block, on this thread: ``limits`` apply and ``cancel`` (once set) cancels. Nested scopes
+    keep the outer one's limits and event unless they give their own."""
+    outer = _current()
+    _local.scope = _Scope(
+        limits if limits is not None else outer.limits, cancel if cancel is not None else outer.cancel
+    )
+    try:
+        yield
+    finally:
+        _local.scope = outer
+
+
+def checkpoint() -> None:
+    """Raise :class:`~rag_opt.errors.Cancelled` if this thread's work was cancelled."""
+    cancel = _current().cancel
+    if cancel is not None and cancel.is_set():
+        raise Cancelled("the optimization was cancelled: its caller gave up")
+
+
+def check_units(n: int) -> None:
+    """Raise :class:`~rag_opt.errors.WorkLimitExceeded` if ``n`` units exceed the limit in force."""
+    limit = _current().limits.max_units
+    if limit is not None and n > limit:
+        raise WorkLimitExceeded(f"the context has {n} units (sentences, titles, ...), more than the limit of {limit}")
+    checkpoint()
+
+
+def check_proxy_tokens(n: int) -> None:
+    """Raise :class:`~rag_opt.errors.WorkLimitExceeded` if ``n`` proxy-model tokens exceed the limit in force."""
+    limit = _current().limits.max_proxy_tokens
+    if limit is not None and n > limit:
+        raise WorkLimitExceeded(f"the context has {n} proxy tokens, more than the limit of {limit}")
+    checkpoint()
