@@ -314,9 +314,14 @@ def test_too_many_units_stop_the_optimization_before_scoring(upstream):
 class _CharTokenizer:
     """A proxy tokenizer stand-in: one token per character."""
 
-    def __call__(self, text: Any, add_special_tokens: bool = True) -> dict[str, Any]:
+    def __call__(
+        self, text: Any, add_special_tokens: bool = True, return_offsets_mapping: bool = False
+    ) -> dict[str, Any]:
         if isinstance(text, str):
-            return {"input_ids": list(range(len(text)))}
+            out: dict[str, Any] = {"input_ids": list(range(len(text)))}
+            if return_offsets_mapping:
+                out["offset_mapping"] = [(i, i + 1) for i in range(len(text))]
+            return out
         return {"input_ids": [list(range(len(t))) for t in text]}
 
 
@@ -330,7 +335,7 @@ def test_too_many_proxy_tokens_stop_before_the_first_forward_pass(monkeypatch):
     from rag_opt.models import extract as ex
 
     passes: list[Any] = []
-    monkeypatch.setattr(ex, "_run_window", lambda *a: passes.append(a))
+    monkeypatch.setattr(ex, "_run_prompts", lambda *a: passes.append(a))
     docs = [["A sentence of forty characters, roughly."] * 5]
     with work.scope(limits=work.WorkLimits(max_proxy_tokens=100)), pytest.raises(WorkLimitExceeded, match="proxy"):
         ex.extract(_fake_proxy(), docs, "q?", max_tokens=512)
@@ -345,16 +350,18 @@ def test_a_cancelled_optimization_stops_between_forward_passes(monkeypatch):
     cancel = threading.Event()
     passes: list[Any] = []
 
-    def one_pass(proxy: Any, docs: Any, question: str) -> Any:
-        passes.append(docs)
+    def one_pass(proxy: Any, prompts: Any, layers: int) -> Any:
+        passes.append(prompts)
         cancel.set()  # the request gives up during the first forward pass
-        n = sum(len(d) for d in docs)
-        return np.zeros((n, len(ex.VIEWS), 2, 2), dtype=np.float32), np.ones(n, dtype=np.int64), 10
+        return [
+            (np.zeros((p.n_units, len(ex.VIEWS), 2, 2), dtype=np.float32), np.ones(p.n_units, dtype=np.int64), 10)
+            for p in prompts
+        ]
 
-    monkeypatch.setattr(ex, "_run_window", one_pass)
-    docs = [["x" * 300 + "."] for _ in range(6)]  # one document per 512-token window
+    monkeypatch.setattr(ex, "_run_prompts", one_pass)
+    docs = [["x" * 300 + "."] for _ in range(6)]  # one document per 512-token window, one window per pass
     with work.scope(cancel=cancel), pytest.raises(Cancelled):
-        ex.extract(_fake_proxy(), docs, "q?", max_tokens=512)
+        ex.extract_batch(_fake_proxy(), [(docs, "q?")], max_tokens=512, batch_tokens=512)
     assert len(passes) == 1
 
 
