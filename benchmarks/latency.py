@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         missing = set(wanted) - {c.name for c in configs}
         if missing:
             raise SystemExit(f"unknown configuration(s) {sorted(missing)}")
-    examples = read_hotpotqa(data_dir() / "hotpotqa" / "dev.jsonl.gz", seed=0, limit=args.questions)
+    examples = read_hotpotqa(data_dir() / "hotpotqa" / "dev.jsonl.gz", seed=0, limit=args.offset + args.questions)
+    examples = examples[args.offset :]
     ctx = mp.get_context("spawn")
     workers = []
     for cfg in configs:
@@ -166,6 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
     return {
         "questions": len(examples),
+        "offset": args.offset,
         "baseline": base,
         "contention_processes": args.contention,
         "cores": os.cpu_count(),
@@ -266,6 +268,7 @@ def plot(res: dict[str, Any], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--questions", type=int, default=40)
+    ap.add_argument("--offset", type=int, default=0, help="skip this many questions of the (seeded) dev order first")
     ap.add_argument("--configs", default=None, help="comma-separated configuration names (default: all)")
     ap.add_argument("--probe-dir", default=None, help="folder of per-depth probes sentence-L{K}.json [doc-L{K}.json]")
     ap.add_argument("--contention", type=int, default=0, help="busy processes competing during the run")
