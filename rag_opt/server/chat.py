@@ -28,11 +28,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import Response
 
 from rag_opt.errors import WorkLimitExceeded
+from rag_opt.models.threads import available_cores
 from rag_opt.server.documents import ContextPlan, plan_request
 from rag_opt.server.errors import BudgetExceeded, Overloaded, RequestError, error_response
 from rag_opt.server.pool import off_loop, retry_after_s
@@ -78,6 +80,7 @@ class ChatCompletions:
 
     def __init__(self, state: ProxyState) -> None:
         self.state = state
+        self._lexical_limiter: anyio.CapacityLimiter | None = None  # created on the event loop, on first use
 
     async def handle(self, request: Request, raw: bytes) -> Response:
         """Answer one chat completion request whose body is ``raw``."""
@@ -223,7 +226,9 @@ class ChatCompletions:
                 return optimizer.optimize(query, docs, ordering=ordering, tier="lexical", **budget.as_kwargs())  # type: ignore[call-arg]
 
         try:
-            result = await anyio.to_thread.run_sync(job)
+            if self._lexical_limiter is None:  # as many at once as there are cores: few threads, little memory
+                self._lexical_limiter = anyio.CapacityLimiter(available_cores())
+            result = await anyio.to_thread.run_sync(job, limiter=self._lexical_limiter)
         except WorkLimitExceeded as exc:
             logger.warning("%s: forwarding the request unoptimized", exc)
             return await self._fail_open(plan, "limit", t0)
