@@ -43,6 +43,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import signal
 import socket
 import subprocess
@@ -396,6 +397,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     cmd += ["--max-concurrency", str(args.max_concurrency), "--max-queue", str(args.max_queue)]
     cmd += ["--time-budget-ms", str(args.time_budget_ms), "--ratio", str(args.ratio)]
     cmd += ["--optimizer-nice", str(args.optimizer_nice)]
+    cmd += shlex.split(args.serve_args)
     proxy_proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_http(f"{up_url}/v1/models", up_proc, 60, lambda r: r.status_code in (200, 400, 404))
@@ -482,6 +484,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     by_outcome: dict[str, list[Record]] = defaultdict(list)
     for r in ctx:
         by_outcome[r.outcome + (f" ({r.reason})" if r.reason else "")].append(r)
+    # which tier served each context request, from x-ragopt-status
+    tier_names = {"optimized": "model", "optimized-lexical": "lexical", "fail-open": "fail_open"}
+    tiers = Counter(tier_names.get(r.outcome, r.outcome or "none") for r in ctx if r.ok)
+    served = tiers["model"] + tiers["lexical"]
+    tier_counts = {
+        "context_requests": len(ctx),
+        **{k: tiers[k] for k in ("model", "lexical", "fail_open")},
+        "other": {k: v for k, v in tiers.items() if k not in ("model", "lexical", "fail_open")},
+        "optimized_share": served / len(ctx) if ctx else None,
+    }
     totals = {name: summary(load.records) for name, load in loads.items()}
     for name, load in loads.items():
         totals[name]["throughput_rps"] = len(load.records) / load.seconds if load.seconds else None
@@ -510,6 +522,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 "ratio": args.ratio,
                 "on_overload": "fail-open",
                 "optimizer_nice": args.optimizer_nice,
+                "serve_args": args.serve_args,
             },
             "machine": {
                 "cpus": os.cpu_count(),
@@ -531,6 +544,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 **added(summary(plain), summary(plain_direct)),
             },
             "context_outcomes": {k: summary(v) for k, v in sorted(by_outcome.items())},
+            "context_tiers": tier_counts,
         },
         "proxy_optimizer_queue_wait": {
             "optimizations": waited["count"],
@@ -548,6 +562,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "zero_errors": totals["proxy"]["errors"] == 0,
         "zero_corrupted": totals["proxy"]["corrupted"] == 0 and totals["direct"]["corrupted"] == 0,
         "pass_through_added_p50_le_3ms": p50_added is not None and p50_added <= 3.0,
+        "context_optimized_ge_95pct": (tier_counts["optimized_share"] or 0.0) >= 0.95,
+        "peak_rss_le_1_1_gib": peak is not None and peak <= 1.1 * 1024,
     }
     return results
 
@@ -621,9 +637,15 @@ def print_report(res: dict[str, Any]) -> None:
     print("  context requests through the proxy, by outcome:")
     for k, v in L["context_outcomes"].items():
         print(f"    {k:<28} {v['requests']:>6} requests, p50 {fmt(v['p50_ms'])} ms, p99 {fmt(v['p99_ms'])} ms")
+    ct = L["context_tiers"]
+    print(
+        f"  context requests by tier: model {ct['model']}, lexical {ct['lexical']}, fail-open {ct['fail_open']}, "
+        f"other {ct['other']} of {ct['context_requests']}: {fmt((ct['optimized_share'] or 0) * 100)} % optimized"
+    )
     print(f"\nproxy peak RSS: {fmt(res['proxy_peak_rss_mb'])} MiB")
     m = res["proxy_metrics"]
-    keys = [k for k in m if k.startswith(("ragopt_fail_open", "ragopt_optimizer_shed", "ragopt_optimizer_timeouts"))]
+    prefixes = ("ragopt_fail_open", "ragopt_optimizer_shed", "ragopt_optimizer_timeouts", "ragopt_optimizations_total")
+    keys = [k for k in m if k.startswith((*prefixes, "ragopt_lexical_tier", "ragopt_optimizer_batch_size_count"))]
     print("proxy metrics: " + ", ".join(f"{k}={m[k]:.0f}" for k in keys))
     print("targets: " + ", ".join(f"{k}: {'PASS' if v else 'FAIL'}" for k, v in res["targets"].items()))
 
@@ -646,6 +668,9 @@ def main() -> None:
     p.add_argument("--optimizer-nice", type=int, default=10, help="proxy --optimizer-nice (0: same priority)")
     p.add_argument("--ratio", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--serve-args", default="", help="more rag-opt serve flags, e.g. '--no-lexical-tier --batch-wait-ms 0'"
+    )
     p.add_argument("--out", default=str(RESULTS / "load.json"))
     p.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()

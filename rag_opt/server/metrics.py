@@ -13,11 +13,14 @@ from collections.abc import Callable
 __all__ = [
     "CONTENT_TYPE",
     "FAIL_OPEN_REASONS",
+    "BATCH_BUCKETS",
     "LATENCY_BUCKETS",
+    "LEXICAL_REASONS",
     "LOCAL_ERRORS",
     "OPTIMIZER_STATES",
     "OUTCOMES",
     "SHED_REASONS",
+    "TIERS",
     "TIMEOUT_STAGES",
     "UPSTREAM_ERRORS",
     "WAIT_BUCKETS",
@@ -28,7 +31,22 @@ __all__ = [
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # outcomes of a chat completion request (also the x-ragopt-status response header); "overloaded" = answered 429
-OUTCOMES = ("optimized", "no_context", "no_query", "disabled", "fail_open", "rejected", "overloaded")
+# "optimized_lexical" = optimized by the lexical tier (x-ragopt-status: optimized-lexical)
+OUTCOMES = (
+    "optimized",
+    "optimized_lexical",
+    "no_context",
+    "no_query",
+    "disabled",
+    "fail_open",
+    "rejected",
+    "overloaded",
+)
+TIERS = ("model", "lexical")
+# why the lexical tier ran instead of the proxy model: the pool was overloaded (queue full, estimate over the
+# budget); the time budget ran out first; the proxy model is still loading; the context is over
+# --lexical-over-tokens
+LEXICAL_REASONS = ("overload", "timeout", "loading", "size")
 # why a request was forwarded unoptimized: the optimizer raised; the time budget ran out (waiting or running);
 # the optimizer was overloaded (queue full, or the estimated wait + run exceeded the budget); the proxy model
 # failed to load at start-up (pass-through mode)
@@ -42,6 +60,7 @@ UPSTREAM_ERRORS = ("connect", "timeout", "stream", "invalid_response")
 LOCAL_ERRORS = ("invalid_request", "unauthorized", "too_large", "request_timeout", "too_many_connections")
 OPTIMIZER_STATES = ("cold", "loading", "ready", "failed")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -91,6 +110,9 @@ class Metrics:
         self.cancelled_running = 0  # ... of which stopped early at a checkpoint
         self._latency = Histogram(LATENCY_BUCKETS)
         self._queue_wait = Histogram(WAIT_BUCKETS)
+        self._batch = Histogram(BATCH_BUCKETS)
+        self.tiers: Counter[str] = Counter()  # finished optimizations by tier
+        self.lexical: Counter[str] = Counter()  # lexical-tier optimizations by why the model did not run
         # pool gauges, read at scrape time: (queued, busy, workers, queue limit)
         self.pool_gauges: Callable[[], tuple[int, int, int, int]] = lambda: (0, 0, 0, 0)
         self.optimizer_state: Callable[[], str] = lambda: "cold"
@@ -139,15 +161,31 @@ class Metrics:
         with self._lock:
             self.cancelled_running += 1
 
+    def batch(self, size: int) -> None:
+        """Record one run of ``size`` (> 1) jobs as one ``optimize_batch`` call."""
+        with self._lock:
+            self._batch.observe(size)
+
+    def lexical_used(self, reason: str) -> None:
+        with self._lock:
+            self.lexical[reason] += 1
+
     def add_in_flight(self, n: int) -> None:
         with self._lock:
             self.in_flight += n
 
     def optimization(
-        self, seconds: float, tokens_before: int, tokens_after: int, docs_before: int, docs_after: int
+        self,
+        seconds: float,
+        tokens_before: int,
+        tokens_after: int,
+        docs_before: int,
+        docs_after: int,
+        tier: str = "model",
     ) -> None:
-        """Record one finished optimization."""
+        """Record one finished optimization (by the ``model`` or the ``lexical`` tier)."""
         with self._lock:
+            self.tiers[tier] += 1
             self.tokens_before += tokens_before
             self.tokens_after += tokens_after
             self.documents_before += docs_before
@@ -171,6 +209,16 @@ class Metrics:
             family("ragopt_chat_requests_total", "counter", "Chat completion requests by what rag-opt did.")
             for o in OUTCOMES:
                 out.append(f'ragopt_chat_requests_total{{outcome="{o}"}} {self.outcomes[o]}')
+            family("ragopt_optimizations_total", "counter", "Optimizations written back, by the tier that scored.")
+            for t in TIERS:
+                out.append(f'ragopt_optimizations_total{{tier="{t}"}} {self.tiers[t]}')
+            family(
+                "ragopt_lexical_tier_total",
+                "counter",
+                "Optimizations sent to the lexical tier instead of the proxy model, by reason.",
+            )
+            for r in LEXICAL_REASONS:
+                out.append(f'ragopt_lexical_tier_total{{reason="{r}"}} {self.lexical[r]}')
             family("ragopt_fail_open_total", "counter", "Requests forwarded unoptimized, by reason.")
             for r in FAIL_OPEN_REASONS:
                 out.append(f'ragopt_fail_open_total{{reason="{r}"}} {self.fail_open[r]}')
@@ -217,6 +265,12 @@ class Metrics:
                 "ragopt_optimizer_queue_wait_seconds", "histogram", "Time admitted optimizations waited for a worker."
             )
             out += self._queue_wait.lines("ragopt_optimizer_queue_wait_seconds")
+            family(
+                "ragopt_optimizer_batch_size",
+                "histogram",
+                "Jobs run together as one optimize_batch call (micro-batches of 2 or more).",
+            )
+            out += self._batch.lines("ragopt_optimizer_batch_size")
             family("ragopt_optimizations_in_flight", "gauge", "Chat requests waiting for or running an optimization.")
             out.append(f"ragopt_optimizations_in_flight {self.in_flight}")
             family("ragopt_optimizer_queue_depth", "gauge", "Optimizations admitted and waiting for a worker.")

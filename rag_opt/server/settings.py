@@ -121,6 +121,30 @@ class ProxySettings(BaseModel):
         default="fail-open",
         description="when the optimizer is overloaded: forward unoptimized (fail-open) or answer 429 (reject)",
     )
+    lexical_tier: bool = Field(
+        default=True,
+        description="when the proxy model is overloaded, still loading or over its time budget, or the context is "
+        "over --lexical-over-tokens, optimize with the lexical tier (BM25 and lexical features, milliseconds) "
+        "instead of forwarding unoptimized",
+    )
+    lexical_over_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="contexts of more target tokens than this go to the lexical tier, not the proxy model "
+        "(default: never)",
+        json_schema_extra={"metavar": "TOKENS"},
+    )
+    batch_wait_ms: float = Field(
+        default=5.0,
+        ge=0,
+        description="a worker that takes an optimization waits this long for more queued with the same settings, "
+        "to run them as one batch (0: only those already queued)",
+    )
+    max_batch: int = Field(default=8, ge=1, description="most optimizations run as one batch (1: no batching)")
+    threads: str = Field(
+        default="auto",
+        description="CPU threads per forward pass: 'auto' (the free cores, shared among the workers) or a number",
+    )
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1, description="larger request bodies get a 413")
     optimizer_nice: int = Field(
         default=10,
@@ -207,6 +231,14 @@ class ProxySettings(BaseModel):
     def _tag(cls, v: str) -> str:
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.:-]*", v):
             raise ConfigurationError(f"must be a tag name such as 'document', got {v!r}")
+        return v
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, v: str) -> str:
+        v = str(v).strip()
+        if v != "auto" and not (v.isdigit() and int(v) >= 1):
+            raise ConfigurationError(f"must be 'auto' or a positive number of threads, got {v!r}")
         return v
 
     @field_validator("ordering")

@@ -21,7 +21,9 @@ logger = logging.getLogger(__name__)
 
 
 class Optimizer(Protocol):
-    """What the proxy calls: :meth:`rag_opt.ContextOptimizer.optimize`."""
+    """What the proxy calls: :meth:`rag_opt.ContextOptimizer.optimize`. A ``ContextOptimizer`` also has
+    ``optimize_batch`` (micro-batching) and the ``tier`` argument (the lexical tier): the proxy uses them when the
+    optimizer has them (``optimize_batch``, ``lexical_scorer``)."""
 
     def optimize(
         self,
@@ -45,7 +47,10 @@ class ProxyState:
     def __init__(self, settings: ProxySettings, optimizer: Optimizer | None) -> None:
         self.settings = settings
         if optimizer is None:
+            from rag_opt.models.threads import ThreadPolicy
             from rag_opt.pipeline import ContextOptimizer
+
+            threads: int | str = int(settings.threads) if settings.threads.isdigit() else settings.threads
 
             optimizer = ContextOptimizer(
                 model=settings.proxy_model,
@@ -55,6 +60,7 @@ class ProxyState:
                 probe=None if settings.probe == "none" else settings.probe,
                 ordering=settings.ordering,
                 trust_remote_code=settings.trust_remote_code,
+                threads=ThreadPolicy(threads, workers=settings.max_concurrency),
             )
         self.optimizer: Optimizer = optimizer
         self.optimizer_state = "cold"
@@ -62,7 +68,18 @@ class ProxyState:
             k.get_secret_value() for k in (settings.api_key, settings.upstream_api_key) if k is not None
         )
         self.metrics = Metrics()
-        self.pool = OptimizerPool(settings.max_concurrency, settings.max_queue, self.metrics, settings.optimizer_nice)
+        self.pool = OptimizerPool(
+            settings.max_concurrency,
+            settings.max_queue,
+            self.metrics,
+            settings.optimizer_nice,
+            batch_wait_ms=settings.batch_wait_ms,
+            max_batch=settings.max_batch,
+        )
+        # the lexical tier needs an optimizer that has one (a ContextOptimizer; not an arbitrary ``optimize``)
+        self.lexical_tier = settings.lexical_tier and callable(getattr(optimizer, "lexical_scorer", None))
+        # batches need ``optimize_batch``; other optimizers run one job at a time
+        self.batching = settings.max_batch > 1 and callable(getattr(optimizer, "optimize_batch", None))
         self.metrics.pool_gauges = self.pool.gauges
         self.metrics.optimizer_state = lambda: self.optimizer_state
         self.upstream = Upstream(settings, self.metrics, self.secrets)
