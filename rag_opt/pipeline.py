@@ -61,7 +61,8 @@ class ContextOptimizer:
         probe: ``"auto"`` (the probe shipped for the model), a path to a probe JSON, or None (raw attention).
         keep_best_per_doc: keep at least the best sentence of every document (while the budget allows).
         keep_first: always keep each document's first sentence (while the budget allows).
-        device / dtype: where and how the proxy runs (default cuda when available, float32 on CPU).
+        device / dtype: where and how the proxy runs (default cuda when available; bfloat16 on GPUs and on CPUs
+            with native bf16 instructions, float32 on other CPUs; "int8" with torchao).
         max_window_tokens: proxy tokens per forward pass; longer contexts are processed in windows (and their
             document relevance is not calibrated).
         trust_remote_code: passed to transformers for hub models (off by default).

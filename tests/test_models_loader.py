@@ -62,3 +62,15 @@ def test_local_directory_and_gguf_path_load(proxy):
     assert gguf.kind == "gguf"
     # the same GGUF file converts to the same cached folder content (names differ by source only)
     assert converted_gguf_dir(gguf).is_dir()
+
+
+def test_default_precision_is_bf16_only_where_it_is_native(monkeypatch):
+    from rag_opt.models.loader import cpu_has_bf16, default_dtype
+
+    assert default_dtype("cuda") == default_dtype("cuda:1") == "bfloat16"  # the GPU path, checked without a GPU
+    monkeypatch.setenv("RAG_OPT_CPU_BF16", "0")
+    assert not cpu_has_bf16() and default_dtype("cpu") == "float32"
+    monkeypatch.setenv("RAG_OPT_CPU_BF16", "1")
+    assert cpu_has_bf16() and default_dtype("cpu") == "bfloat16"
+    monkeypatch.delenv("RAG_OPT_CPU_BF16")
+    assert default_dtype("cpu") in ("float32", "bfloat16")

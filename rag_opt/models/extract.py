@@ -185,12 +185,13 @@ def extract_batch(
     *,
     max_tokens: int = 2048,
     layers: int | None = None,
-    batch_tokens: int = 16384,
+    batch_tokens: int = 6144,
 ) -> list[AttentionFeatures]:
     """:func:`extract` for several ``(docs, question)`` contexts, several prompts per forward pass.
 
     Prompts are sorted by length and padded into batches of at most ``batch_tokens`` tokens (padded size), which
-    keeps padding small; the features equal those of one-at-a-time calls up to float rounding.
+    keeps padding small and bounds memory (a padded batch takes SDPA's masked path, whose attention matrices grow
+    with the batch); the features equal those of one-at-a-time calls up to float rounding.
     """
     depth = proxy.num_layers if layers is None else int(layers)
     if not 1 <= depth <= proxy.num_layers:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["ProxyModel", "default_device", "load_proxy_model"]
+__all__ = ["ProxyModel", "cpu_has_bf16", "default_device", "default_dtype", "load_proxy_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,30 @@ def default_device() -> str:
     if torch.cuda.is_available():
         return "cuda"
     return "cpu"
+
+
+def default_dtype(device: str) -> str:
+    """The default precision: bfloat16 on GPUs and on CPUs with native bf16 matrix instructions (AMX or
+    AVX512-BF16), float32 on other CPUs. On such a CPU bf16 measured 2.5× faster than float32 at the same quality
+    (``benchmarks/latency.py``); without them bf16 is emulated and slower."""
+    if not device.startswith("cpu"):
+        return "bfloat16"
+    return "bfloat16" if cpu_has_bf16() else "float32"
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has native bf16 matrix instructions (``RAG_OPT_CPU_BF16=0|1`` overrides the check)."""
+    import os
+
+    forced = os.environ.get("RAG_OPT_CPU_BF16", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        import torch
+
+        return bool(torch.cpu._is_amx_tile_supported() or torch.cpu._is_avx512_bf16_supported())
+    except (AttributeError, RuntimeError):  # an older torch without these probes: assume not
+        return False
 
 
 @dataclass
@@ -87,11 +111,11 @@ def load_proxy_model(
     ``model``: None for the embedded default (or ``$RAG_OPT_PROXY_MODEL``), ``embedded:<name>``, a ``.gguf``
     path, a local transformers directory or a Hugging Face id. ``device``: ``cuda``/``cpu``/... (default cuda
     when available). ``dtype``: ``float32``/``bfloat16``/``float16``/``int8`` (int8: dynamic quantisation of the Linear
-    layers with torchao) (default float32 on CPU, bfloat16 on GPU).
+    layers with torchao) (default: :func:`default_dtype`).
     """
     source = resolve_source(model)
     dev = device or default_device()
-    dt_name = dtype or ("float32" if dev == "cpu" else "bfloat16")
+    dt_name = dtype or default_dtype(dev)
     key = (source.name + "|" + source.location, dev, dt_name)
     with _LOAD_LOCK:
         cached = _LOADED.get(key)

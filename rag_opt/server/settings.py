@@ -140,7 +140,7 @@ class ProxySettings(BaseModel):
         description="a worker that takes an optimization waits this long for more queued with the same settings, "
         "to run them as one batch (0: only those already queued)",
     )
-    max_batch: int = Field(default=8, ge=1, description="most optimizations run as one batch (1: no batching)")
+    max_batch: int = Field(default=4, ge=1, description="most optimizations run as one batch (1: no batching)")
     threads: str = Field(
         default="auto",
         description="CPU threads per forward pass: 'auto' (the free cores, shared among the workers) or a number",
