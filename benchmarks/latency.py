@@ -51,6 +51,7 @@ def default_configs(probe_dir: str | None) -> list[Config]:
         Config("fp32-t2", threads="2"),
         Config("bf16-t1", dtype="bfloat16"),
         Config("bf16-t2", dtype="bfloat16", threads="2"),
+        Config("bf16-auto", dtype="bfloat16", threads="auto"),
         Config("int8-t1", dtype="int8"),
         Config("lexical", tier="lexical"),
     ]
