@@ -281,8 +281,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.throughput:
         res_t = run_throughput(args)
-        Path(args.out).with_suffix(".throughput.json").write_text(json.dumps(res_t, indent=2))
         print(json.dumps(res_t, indent=2))
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).with_suffix(".throughput.json").write_text(json.dumps(res_t, indent=2))
         return
     out = Path(args.out)
     from common import data_dir
