@@ -258,12 +258,13 @@ def _cpu_s(fn: Callable[[], object]) -> float:
     ("piece", "n"), [("[1,\n", 5000), ("{\n", 5000), ("a | b\n", 5000), ("```\nx\n", 5000), ("[", 25000)]
 )
 def test_pathological_inputs_take_linear_time(piece: str, n: int) -> None:
-    """Four times the input costs about four times the CPU time (a ratio on this machine, not a speed)."""
-    small, large = piece * n, piece * (4 * n)
+    """Eight times the input costs about eight times the CPU time, far from the 64× of a quadratic scan (a ratio on
+    this machine, not a speed; the margin absorbs a loaded machine's noise)."""
+    small, large = piece * n, piece * (8 * n)
     assert_partition(large, segment(large))
     t_small = _cpu_s(lambda: segment(small))
     t_large = _cpu_s(lambda: segment(large))
-    assert t_large < 8 * t_small + 0.05, (t_small, t_large)
+    assert t_large < 24 * t_small + 0.1, (t_small, t_large)
 
 
 def test_sentencex_failure_falls_back(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
