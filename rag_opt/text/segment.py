@@ -181,7 +181,7 @@ def _json_end(text: str, lines: Sequence[tuple[int, int]], i: int) -> tuple[int 
     try:
         # The C scanner parses exactly one value from ``start`` and stops at its end (or at the first error),
         # which is the balanced extent of the block; strict mode rejects raw newlines inside strings.
-        end = _JSON_DECODER.raw_decode(text, start)[1]
+        end, failed_at = _decode_end(text, start)
     except json.JSONDecodeError as exc:
         return None, exc.pos
     except RecursionError:
@@ -195,12 +195,34 @@ def _json_end(text: str, lines: Sequence[tuple[int, int]], i: int) -> tuple[int 
         return None, covered
     except ValueError:
         return None, -1
+    if end is None:
+        return None, failed_at
     j = i
     while lines[j][1] < end:
         j += 1
     if text[end : lines[j][1]].strip():
         return None, -1
     return j, -1
+
+
+_PROBE_CHARS = 512
+
+
+def _decode_end(text: str, start: int) -> tuple[int | None, int]:
+    """End offset of the JSON value at ``start``. A failed parse builds its error message by counting newlines
+    from the start of the string it was given, so parsing the whole text at every line that opens with ``{`` or
+    ``[`` would be quadratic: parse a short piece first, and the whole text only when the piece ends inside the
+    value (a value that ends within the piece, or a syntax error well inside it, is the same in the whole text).
+    Returns ``(end, -1)``, or ``(None, offset where the parse failed)``."""
+    piece = text[start : start + _PROBE_CHARS]
+    try:
+        return start + _JSON_DECODER.raw_decode(piece)[1], -1
+    except json.JSONDecodeError as exc:
+        whole = len(text) - start <= _PROBE_CHARS
+        truncated = exc.pos >= len(piece) - 16 or exc.msg.startswith("Unterminated")
+        if whole or not truncated:
+            return None, start + exc.pos
+    return int(_JSON_DECODER.raw_decode(text, start)[1]), -1
 
 
 def _can_interrupt(line: str) -> bool:
