@@ -96,6 +96,20 @@ def _worker(cfg: Config, conn: Any) -> None:
         conn.send((ms, [r.model_dump_json() for r in results], rss))
 
 
+def _start_workers(ctx: Any, configs: list[Config]) -> list[tuple[Config, Any, Any]]:
+    """One process per configuration, each with its model loaded (``ready``) before any timing starts."""
+    workers = []
+    for cfg in configs:
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_worker, args=(cfg, child), daemon=True)
+        proc.start()
+        workers.append((cfg, parent, proc))
+    for cfg, conn, _ in workers:
+        if conn.recv() != "ready":
+            raise SystemExit(f"worker {cfg.name} failed to start")
+    return workers
+
+
 def _busy(seconds: float) -> None:
     end = time.monotonic() + seconds
     x = 0
@@ -121,15 +135,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     examples = read_hotpotqa(data_dir() / "hotpotqa" / "dev.jsonl.gz", seed=0, limit=args.offset + args.questions)
     examples = examples[args.offset :]
     ctx = mp.get_context("spawn")
-    workers = []
-    for cfg in configs:
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(cfg, child), daemon=True)
-        proc.start()
-        workers.append((cfg, parent, proc))
-    for cfg, conn, _ in workers:
-        if conn.recv() != "ready":
-            raise SystemExit(f"worker {cfg.name} failed to start")
+    workers = _start_workers(ctx, configs)
     busy = [ctx.Process(target=_busy, args=(24 * 3600,), daemon=True) for _ in range(args.contention)]
     for b in busy:
         b.start()
@@ -192,15 +198,7 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
         Config(f"batch{len(examples)}-{dtype}", dtype=dtype, batch=len(examples)),
     ]
     ctx = mp.get_context("spawn")
-    workers = []
-    for cfg in configs:
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(cfg, child), daemon=True)
-        proc.start()
-        workers.append((cfg, parent, proc))
-    for cfg, conn, _ in workers:
-        if conn.recv() != "ready":
-            raise SystemExit(f"worker {cfg.name} failed to start")
+    workers = _start_workers(ctx, configs)
     seconds: dict[str, list[float]] = {c.name: [] for c in configs}
     same = True
     try:
