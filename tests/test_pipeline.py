@@ -221,3 +221,7 @@ def test_tier_and_threads_are_validated():
     assert ThreadPolicy(3).choose() == 3
     assert 1 <= ThreadPolicy("auto").choose() <= available_cores()
     assert ThreadPolicy("auto", workers=available_cores()).choose() == 1
+    assert len({ThreadPolicy("auto").choose() for _ in range(5)}) == 1  # fixed: the same input, the same scores
+    assert 1 <= ThreadPolicy("adaptive").choose() <= ThreadPolicy("auto").choose()
+    with pytest.raises(ValueError, match="'adaptive'"):
+        ThreadPolicy("fast")

@@ -143,7 +143,8 @@ class ProxySettings(BaseModel):
     max_batch: int = Field(default=4, ge=1, description="most optimizations run as one batch (1: no batching)")
     threads: str = Field(
         default="auto",
-        description="CPU threads per forward pass: 'auto' (the free cores, shared among the workers) or a number",
+        description="CPU threads per forward pass: 'auto' (the workers share the cores), 'adaptive' (only the "
+        "cores free right now; scores then vary in their last digits with the load) or a number",
     )
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1, description="larger request bodies get a 413")
     optimizer_nice: int = Field(
@@ -237,8 +238,8 @@ class ProxySettings(BaseModel):
     @classmethod
     def _threads(cls, v: str) -> str:
         v = str(v).strip()
-        if v != "auto" and not (v.isdigit() and int(v) >= 1):
-            raise ConfigurationError(f"must be 'auto' or a positive number of threads, got {v!r}")
+        if v not in ("auto", "adaptive") and not (v.isdigit() and int(v) >= 1):
+            raise ConfigurationError(f"must be 'auto', 'adaptive' or a positive number of threads, got {v!r}")
         return v
 
     @field_validator("ordering")
