@@ -52,6 +52,7 @@ def default_configs(probe_dir: str | None) -> list[Config]:
         Config("bf16-t1", dtype="bfloat16"),
         Config("bf16-t2", dtype="bfloat16", threads="2"),
         Config("bf16-auto", dtype="bfloat16", threads="auto"),
+        Config("bf16-adaptive", dtype="bfloat16", threads="adaptive"),
         Config("int8-t1", dtype="int8"),
         Config("lexical", tier="lexical"),
     ]
