@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from filelock import FileLock
@@ -28,19 +29,51 @@ def _fingerprint(paths: tuple[Path, ...]) -> str:
     return h.hexdigest()[:16]
 
 
-def converted_gguf_dir(source: ModelSource) -> Path:
-    """Return a safetensors folder converted from the source's GGUF file(s), converting once if needed."""
+def converted_gguf_dir(source: ModelSource, dtype: str = "float32") -> Path:
+    """Return a safetensors folder converted from the source's GGUF file(s), converting once if needed.
+
+    ``dtype="bfloat16"``/``"float16"``: a copy of the float32 folder stored at that precision (made once), so a model
+    loaded in bf16 maps only its bf16 weights: casting memory-mapped float32 weights pages the whole float32 file
+    in next to the copy (1.2 GiB peak RSS instead of 0.6 for the embedded model).
+    """
     stem = source.name.replace(":", "-").replace("/", "-")
     folder = cache_dir() / "models" / f"{stem}-{_fingerprint(source.paths)}"
-    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+    _once(folder, lambda: _convert_gguf(source, folder))
+    if dtype == "float32":
         return folder
+    half = folder.with_name(f"{folder.name}-{dtype}")
+    _once(half, lambda: _save_as(folder, half, dtype))
+    return half
+
+
+def _once(folder: Path, make: Callable[[], None]) -> None:
+    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+        return
     folder.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = folder.with_suffix(".lock")
-    with FileLock(str(lock_path)):  # two processes never convert the same model at once (any OS)
-        if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
-            return folder
-        _convert_gguf(source, folder)
-    return folder
+    with FileLock(str(folder.with_suffix(".lock"))):  # two processes never convert the same model at once
+        if not ((folder / "config.json").is_file() and (folder / "model.safetensors").is_file()):
+            make()
+
+
+def _save_as(src: Path, folder: Path, dtype: str) -> None:
+    """The float32 folder ``src`` stored at ``dtype`` in ``folder`` (written to a temporary folder, then moved)."""
+    import torch
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    logger.info("storing %s at %s in %s (once)", src, dtype, folder)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp_str:
+        out_dir = Path(tmp_str) / "model"
+        out_dir.mkdir()
+        model = AutoModelForCausalLM.from_pretrained(str(src), dtype=getattr(torch, dtype), local_files_only=True)
+        save_model(model, str(out_dir / "model.safetensors"))
+        model.config.save_pretrained(out_dir)
+        AutoTokenizer.from_pretrained(str(src), local_files_only=True).save_pretrained(out_dir)
+        for extra in src.glob("rag_opt_source.json"):
+            shutil.copy(extra, out_dir / extra.name)
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(out_dir, folder)
 
 
 def _convert_gguf(source: ModelSource, folder: Path) -> None:

@@ -153,7 +153,8 @@ def _load(source: ModelSource, device: str, dtype_name: str, trust_remote_code: 
     register_attention()
     dtype = _torch_dtype(dtype_name)
     if source.kind in ("embedded", "gguf"):
-        folder = converted_gguf_dir(source)
+        # bf16/fp16 get a copy stored at that precision (loading it maps only those weights)
+        folder = converted_gguf_dir(source, dtype_name if dtype_name in ("bfloat16", "float16") else "float32")
         location: str = str(folder)
         local_only = True
     else:
