@@ -336,12 +336,12 @@ def test_tier_batching_and_thread_settings():
     )
     assert (s.threads, s.batch_wait_ms, s.lexical_tier, s.lexical_over_tokens) == ("2", 0.0, False, 4000)
     defaults = ProxySettings(upstream="http://127.0.0.1:9/v1")
-    assert defaults.lexical_tier and defaults.lexical_over_tokens is None and defaults.threads == "auto"
+    assert defaults.lexical_tier and defaults.lexical_over_tokens is None and defaults.threads == "adaptive"
     assert defaults.batch_wait_ms > 0 and defaults.max_batch > 1
     with pytest.raises(ValueError, match="threads"):
         ProxySettings.from_sources({"upstream": "http://127.0.0.1:9/v1", "threads": "many"}, env={})
     state = ProxyState(ProxySettings(upstream="http://127.0.0.1:9/v1", max_concurrency=3), None)
-    assert state.optimizer.threads == ThreadPolicy("auto", workers=3)  # type: ignore[attr-defined]
+    assert state.optimizer.threads == ThreadPolicy("adaptive", workers=3)  # type: ignore[attr-defined]
     assert state.lexical_tier and state.batching
     state.pool.shutdown()
 

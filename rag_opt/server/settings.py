@@ -142,9 +142,9 @@ class ProxySettings(BaseModel):
     )
     max_batch: int = Field(default=4, ge=1, description="most optimizations run as one batch (1: no batching)")
     threads: str = Field(
-        default="auto",
-        description="CPU threads per forward pass: 'auto' (the workers share the cores), 'adaptive' (only the "
-        "cores free right now; scores then vary in their last digits with the load) or a number",
+        default="adaptive",
+        description="CPU threads per forward pass: 'adaptive' (only the cores free right now: fastest on a shared "
+        "CPU, scores vary in their last digits with the load), 'auto' (the workers share the cores, fixed) or a number",
     )
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1, description="larger request bodies get a 413")
     optimizer_nice: int = Field(
