@@ -33,3 +33,10 @@ def hotpot_docs(ex: dict) -> list[dict]:
         {"id": title, "title": title, "text": "".join(sents), "metadata": {"title": title, "n": i}}
         for i, (title, sents) in enumerate(ex["context"])
     ]
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLE_DOCS = [
+    json.loads(line) for line in (EXAMPLES / "hotpotqa_docs.jsonl").read_text().splitlines() if line.strip()
+]
+EXAMPLE_QUESTION = (EXAMPLES / "hotpotqa_question.txt").read_text().strip()

@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,6 +25,7 @@ from rag_opt.server.documents import plan_request
 from rag_opt.server.errors import RequestError
 from rag_opt.server.settings import ProxySettings
 from rag_opt.types import OptimizeResult, OutputDocument
+from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION
 from tests.upstream_server import (
     ERROR_400,
     ERROR_500,
@@ -38,10 +38,9 @@ from tests.upstream_server import (
     upstream_pool_is_clean,
 )
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-ALL_DOCS = [json.loads(line) for line in (EXAMPLES / "hotpotqa_docs.jsonl").read_text().splitlines() if line.strip()]
+ALL_DOCS = EXAMPLE_DOCS
 DOCS = ALL_DOCS[:3]
-QUESTION = (EXAMPLES / "hotpotqa_question.txt").read_text().strip()
+QUESTION = EXAMPLE_QUESTION
 INSTRUCTION = "Answer from these documents only.\n\n"
 BLOCK = re.compile(r"<document(?P<attrs>[^>]*)>(?P<body>.*?)</document>", re.DOTALL)
 

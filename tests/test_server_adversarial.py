@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -30,6 +29,7 @@ import numpy as np
 import pytest
 
 from rag_opt.server.documents import plan_request
+from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION
 from tests.upstream_server import (
     BudgetClock,
     FakeUpstream,
@@ -39,9 +39,8 @@ from tests.upstream_server import (
     serve_proxy,
 )
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-DOCS = [json.loads(line) for line in (EXAMPLES / "hotpotqa_docs.jsonl").read_text().splitlines() if line.strip()]
-QUESTION = (EXAMPLES / "hotpotqa_question.txt").read_text().strip()
+DOCS = EXAMPLE_DOCS
+QUESTION = EXAMPLE_QUESTION
 PROXY_KEY = "rk-adversary-proxy-Q7w9"
 WAIT_S = 60.0  # the most any condition below is waited for: a bound, never a speed budget
 

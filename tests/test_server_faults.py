@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -31,6 +30,7 @@ import pytest
 
 from rag_opt.server.errors import BudgetExceeded, Overloaded
 from rag_opt.server.pool import OptimizerPool
+from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION
 from tests.upstream_server import (
     BudgetClock,
     FakeUpstream,
@@ -41,9 +41,8 @@ from tests.upstream_server import (
     upstream_pool_is_clean,
 )
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-DOCS = [json.loads(line) for line in (EXAMPLES / "hotpotqa_docs.jsonl").read_text().splitlines() if line.strip()]
-QUESTION = (EXAMPLES / "hotpotqa_question.txt").read_text().strip()
+DOCS = EXAMPLE_DOCS
+QUESTION = EXAMPLE_QUESTION
 
 
 def chat_body(docs: list[dict[str, Any]] | None = DOCS[:3], model: str = "fake-llm", **extra: Any) -> bytes:

@@ -12,7 +12,6 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,10 +25,10 @@ from rag_opt.server.errors import BudgetExceeded
 from rag_opt.server.pool import OptimizerPool
 from rag_opt.server.settings import ProxySettings
 from rag_opt.server.state import ProxyState
+from tests.helpers import EXAMPLE_DOCS
 from tests.upstream_server import FakeUpstream, ServerThread, bm25_optimizer, parse_metrics, serve_proxy
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-DOCS = [json.loads(line) for line in (EXAMPLES / "hotpotqa_docs.jsonl").read_text().splitlines() if line.strip()]
+DOCS = EXAMPLE_DOCS
 QUESTIONS = [
     "Which magazine was started first?",
     "Who wrote the novel adapted into the film?",
