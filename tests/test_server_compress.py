@@ -299,3 +299,17 @@ def test_server_language_setting_is_checked_and_given_to_its_optimizer() -> None
         app.state.ragopt.pool.shutdown()
     with pytest.raises(ValueError, match="ISO 639"):
         ProxySettings(upstream="http://x/v1", language="english please")
+
+
+def test_optimize_takes_language_and_target_per_call() -> None:
+    from rag_opt import ContextOptimizer
+    from rag_opt.errors import InvalidInputError
+
+    opt = ContextOptimizer()  # the lexical tier: no model is loaded
+    docs = [d["text"] for d in DOCS]
+    default = opt.optimize(EXAMPLE_QUESTION, docs, ratio=0.5, tier="lexical")
+    other = opt.optimize(EXAMPLE_QUESTION, docs, ratio=0.5, tier="lexical", target="cl100k_base", language="de")
+    assert default.target_tokenizer == "o200k_base" and other.target_tokenizer == "cl100k_base"
+    assert other.tokens_before != default.tokens_before  # counted in the other tokenizer
+    with pytest.raises(InvalidInputError, match="ISO 639"):
+        opt.optimize(EXAMPLE_QUESTION, docs, ratio=0.5, tier="lexical", language="no such language")
