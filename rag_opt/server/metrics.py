@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import (
-    CONTENT_TYPE_PLAIN_0_0_4,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -46,7 +45,7 @@ __all__ = [
     "Metrics",
 ]
 
-CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 
 ROUTES = ("chat_completions", "compress", "passthrough")  # shown from the start; other routes on first use
 # outcomes of a chat completion request (also the x-ragopt-status response header); "overloaded" = answered 429
