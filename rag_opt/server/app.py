@@ -1,9 +1,11 @@
 """The OpenAI-compatible proxy as an ASGI app (Starlette): ``create_app(settings, optimizer=None)``.
 
-``POST /v1/chat/completions`` has its context optimized (:mod:`rag_opt.server.chat`) and is forwarded; every
-other ``/v1/...`` request is forwarded unchanged (:mod:`rag_opt.server.upstream`); ``GET /livez`` (the process
-is up), ``GET /readyz`` and ``GET /health`` (503 until the proxy model has loaded or pass-through mode is
-settled), ``GET /healthz`` (always 200, with the optimizer's state) and ``GET /metrics`` answer locally. No
+``POST /v1/chat/completions`` has its context optimized (:mod:`rag_opt.server.chat`) and is forwarded;
+``POST /v1/compress`` answers optimized documents as JSON (:mod:`rag_opt.server.compress`; its schema at
+``GET /v1/compress/schema``); every other ``/v1/...`` request is forwarded unchanged
+(:mod:`rag_opt.server.upstream`); ``GET /livez`` (the process is up), ``GET /readyz`` and ``GET /health`` (503
+until the proxy model has loaded or pass-through mode is settled), ``GET /healthz`` (always 200, with the
+optimizer's state), ``GET /metrics`` (Prometheus) and ``GET /stats`` (JSON totals) answer locally. No
 redirect is ever built from the client's ``Host``: a path with a trailing slash is refused, not redirected; and
 the chat path takes ``POST`` only (another method is a 405, never forwarded unvalidated).
 
@@ -35,6 +37,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from rag_opt.server.chat import ChatCompletions
+from rag_opt.server.compress import COMPRESS_PATH, SCHEMA_PATH, Compressor, compress_schema
 from rag_opt.server.errors import BodyTooLarge, error_response
 from rag_opt.server.logs import RepeatLimiter, limit_repeats
 from rag_opt.server.metrics import CONTENT_TYPE
@@ -123,7 +126,7 @@ async def _guarded(
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        msg = "unknown path: rag-opt serves /v1/..., /livez, /readyz, /health, /healthz and /metrics"
+        msg = "unknown path: rag-opt serves /v1/..., /livez, /readyz, /health, /healthz, /metrics and /stats"
         return error_response(404, msg, "invalid_request_error", "not_found")
     return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None)
 
@@ -168,6 +171,8 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
     """
     state = ProxyState(settings, optimizer)
     chat = ChatCompletions(state)
+    compressor = Compressor(state, chat.engine)
+    local_methods = {CHAT_PATH: "POST", COMPRESS_PATH: "POST", SCHEMA_PATH: "GET"}  # never forwarded
     install_log_filters()
 
     @contextlib.asynccontextmanager
@@ -185,11 +190,22 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
     async def chat_completions(request: Request) -> Response:
         return await _guarded(state, request, "chat_completions", lambda raw: chat.handle(request, raw))
 
+    async def compress(request: Request) -> Response:
+        return await _guarded(state, request, "compress", lambda raw: compressor.handle(request, raw))
+
+    async def compress_schema_route(request: Request) -> Response:
+        return JSONResponse(compress_schema())
+
+    async def stats(request: Request) -> Response:
+        return JSONResponse(state.metrics.stats())
+
     async def passthrough(request: Request) -> Response:
-        if request.scope["path"] == CHAT_PATH:  # another method: never forwarded unvalidated
+        path = request.scope["path"]
+        if path in local_methods:  # another method: never forwarded unvalidated
             state.metrics.local_error("invalid_request")
-            msg = f"{CHAT_PATH} takes POST requests only"
-            return error_response(405, msg, "invalid_request_error", "method_not_allowed", headers={"allow": "POST"})
+            allow = local_methods[path]
+            msg = f"{path} takes {allow} requests only"
+            return error_response(405, msg, "invalid_request_error", "method_not_allowed", headers={"allow": allow})
         return await _guarded(state, request, "passthrough", lambda raw: state.upstream.forward(request, raw, []))
 
     async def healthz(request: Request) -> Response:
@@ -212,7 +228,10 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
         Route("/readyz", readyz, methods=["GET"]),
         Route("/health", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/stats", stats, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route(COMPRESS_PATH, compress, methods=["POST"]),
+        Route(SCHEMA_PATH, compress_schema_route, methods=["GET"]),
         Route("/v1/{path:path}", passthrough, methods=_METHODS),
     ]
     key = settings.api_key.get_secret_value() if settings.api_key is not None else None
