@@ -88,7 +88,9 @@ def test_mismatched_probe_file_refused_by_the_compressor(proxy, tmp_path):
 @pytest.mark.model
 def test_train_probe_command_on_real_hotpotqa(tmp_path):
     from rag_opt.cli import main
-    from rag_opt.training.sentence_probe import feature_cache_for
+    from rag_opt.compressors.context_features import DEFAULT_CONTEXT
+    from rag_opt.models.loader import load_proxy_model
+    from rag_opt.training.sentence_probe import feature_store
     from tests.helpers import data_path
 
     data = data_path("hotpotqa", "train.jsonl.gz")
@@ -98,7 +100,8 @@ def test_train_probe_command_on_real_hotpotqa(tmp_path):
     probe = Probe.load(out)
     assert probe.model == "embedded:smollm2-135m" and probe.layout.num_layers == 30
     assert "6 questions" in probe.metadata["trained_on"]
-    cache = feature_cache_for(tmp_path / "c", "embedded:smollm2-135m", "train")
+    assert probe.context is not None and probe.context.names == DEFAULT_CONTEXT  # the second stage, by default
+    cache = feature_store(tmp_path / "c", load_proxy_model(), "train").target  # at the default precision
     assert len(cache.ids()) == 6
     # a second run reuses the cached features: same probe, no new shard
     shards = cache.shards()

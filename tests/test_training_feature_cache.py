@@ -90,3 +90,27 @@ def test_two_concurrent_writer_processes_never_lose_a_shard(tmp_path):
     for w in "AB":
         ex = _example(f"{w}-7-1", 15)
         assert np.allclose(loaded[ex.id].unit, ex.features.unit, atol=1e-3)
+
+
+def test_a_store_merges_deep_enough_caches_and_writes_only_what_none_has(tmp_path):
+    from rag_opt.training.feature_cache import FeatureStore, fill_cache
+
+    FeatureCache(tmp_path / "train-bf16").write_shard([_example("full", 1)])  # no -L: all (3) layers
+    FeatureCache(tmp_path / "train-bf16-L2").write_shard([_example("two", 2)])
+    FeatureCache(tmp_path / "train-bf16-L1").write_shard([_example("shallow", 3)])  # too shallow for 2
+    FeatureCache(tmp_path / "train-fp32").write_shard([_example("fp32", 4)])  # another precision
+    store = FeatureStore(tmp_path, "train", "bfloat16", layers=2, num_layers=3)
+    assert [c.root.name for c in store.caches()] == ["train-bf16", "train-bf16-L2"]
+    loaded = store.load()
+    assert sorted(loaded) == ["full", "two"]
+    assert all(f.num_layers == 2 for f in loaded.values())  # cut to the store's depth
+    computed: list[str] = []
+
+    def compute(docs, question):
+        computed.append(question)
+        return _example(question, 5).features
+
+    examples = [(i, [["x"]], i) for i in ("full", "two", "shallow", "new")]
+    assert fill_cache(store, examples, compute, progress=False) == 2
+    assert computed == ["shallow", "new"]
+    assert store.target.root.name == "train-bf16-L2" and {"shallow", "new"} <= store.target.ids()

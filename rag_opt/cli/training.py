@@ -26,6 +26,19 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("train-probe", help="train the sentence-relevance probe on HotpotQA")
     _add_probe_args(p, data=_HOTPOT_HELP, model_features=True)
+    p.add_argument(
+        "--context",
+        default=None,
+        help="second-stage context features, comma-separated, or 'none' (default: the shipped probe's: "
+        "own,named_by_other,names_other)",
+    )
+    p.add_argument(
+        "--nq",
+        type=nonneg_int,
+        default=0,
+        help="also learn from the answer sentences of this many NQ train contexts of 10 documents (default 0)",
+    )
+    p.add_argument("--nq-data", default=None, help="NQ multi-doc JSONL(.gz) (default ../shared/data/nq_multidoc)")
     p.set_defaults(handler=_train_probe)
 
     p = sub.add_parser("train-doc-probe", help="train the document relevance probe on NQ (its train split)")
@@ -165,8 +178,26 @@ def _train_probe(args: argparse.Namespace) -> int:
         l2=args.l2,
         blocks=_blocks(args.blocks),
         layers=args.layers,
+        dtype=args.dtype,
+        context=_context(args.context),
+        nq_data=_data(args.nq_data, "nq_multidoc", "public.jsonl.gz") if args.nq else None,
+        nq_limit=args.nq,
     )
     return 0
+
+
+def _context(arg: str | None) -> tuple[str, ...] | None:
+    from rag_opt.compressors.context_features import CONTEXT_FEATURES, DEFAULT_CONTEXT
+
+    if arg is None:
+        return DEFAULT_CONTEXT
+    if arg.strip().lower() == "none":
+        return None
+    names = tuple(x.strip() for x in arg.split(",") if x.strip())
+    unknown = [x for x in names if x not in CONTEXT_FEATURES]
+    if unknown or not names:
+        raise UserError(f"--context: unknown feature(s) {unknown}; use 'none' or some of {list(CONTEXT_FEATURES)}")
+    return names
 
 
 def _train_lexical_probe(args: argparse.Namespace) -> int:

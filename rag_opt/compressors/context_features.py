@@ -32,7 +32,7 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.text.units import UnitTable
 
-__all__ = ["CONTEXT_FEATURES", "context_features"]
+__all__ = ["CONTEXT_FEATURES", "DEFAULT_CONTEXT", "context_features"]
 
 CONTEXT_FEATURES = (
     "own",
@@ -45,6 +45,10 @@ CONTEXT_FEATURES = (
     "named_by_other",
     "names_other",
 )
+
+# chosen by forward selection on HotpotQA dev questions 200-400 (benchmarks/context_ablation.py): the title links
+# between documents carry the multi-hop gain; the other context features did not move held-out numbers
+DEFAULT_CONTEXT = ("own", "named_by_other", "names_other")
 
 _PAREN = re.compile(r"\s*\([^)]*\)\s*$")
 

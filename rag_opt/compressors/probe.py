@@ -181,7 +181,9 @@ class Probe:
             if fmt not in (FORMAT, FORMAT_CONTEXT):
                 raise ValueError(f"unsupported format {fmt!r}, expected {FORMAT!r} or {FORMAT_CONTEXT!r}")
             if (fmt == FORMAT_CONTEXT) != ("context" in data):
-                raise ValueError(f"format {fmt!r} {'needs' if fmt == FORMAT_CONTEXT else 'has no'} a context stage")
+                raise ValueError(
+                    f"format {fmt!r} {'needs' if fmt == FORMAT_CONTEXT else 'cannot carry'} a context stage"
+                )
             lay = data["layout"]
             layout = FeatureLayout(
                 tuple(lay["blocks"]), int(lay["num_layers"]), int(lay["num_heads"]), str(lay.get("level", "unit"))

@@ -29,9 +29,9 @@ from rag_opt.models.extract import AttentionFeatures
 from rag_opt.models.prompt import TEMPLATE_ID
 from rag_opt.orderers.profiles import PositionProfile
 from rag_opt.training.datasets import NQExample, nq_split, read_nq_multidoc
-from rag_opt.training.feature_cache import FeatureCache, fill_cache
-from rag_opt.training.logistic import train_logistic
-from rag_opt.training.sentence_probe import choose_l2, feature_cache_for, fit_probe
+from rag_opt.training.feature_cache import FeatureCache, FeatureStore, fill_cache
+from rag_opt.training.logistic import cross_val_scores
+from rag_opt.training.sentence_probe import choose_l2, feature_cache_for, feature_store, fit_probe
 from rag_opt.training.units import titled_units
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -89,20 +89,22 @@ def nq_cache(cache_root: str | Path, model_name: str, split: str, n_docs: int) -
 
 def extract_nq(
     instances: Sequence[NQInstance],
-    cache: FeatureCache,
+    cache: FeatureCache | FeatureStore,
     proxy: ProxyModel,
     *,
     max_tokens: int = 8192,
+    layers: int | None = None,
     progress: bool = True,
     desc: str = "NQ attention features",
 ) -> int:
-    """Compute (or reuse) attention features for ``instances``; returns how many were computed."""
+    """Compute (or reuse) attention features (of the first ``layers`` layers; default all) for ``instances``;
+    returns how many were computed."""
     from rag_opt.models.extract import extract
 
     return fill_cache(
         cache,
         [(inst.id, inst.units(), inst.example.question) for inst in instances],
-        lambda docs, q: extract(proxy, docs, q, max_tokens=max_tokens),
+        lambda docs, q: extract(proxy, docs, q, max_tokens=max_tokens, layers=layers),
         shard_size=20,
         progress=progress,
         desc=desc,
@@ -145,20 +147,6 @@ def grouped_recall(scores: np.ndarray, y: np.ndarray, groups: np.ndarray, k: int
         gold = s[lab > 0].max()
         hits.append(int((s >= gold).sum()) <= k)
     return float(np.mean(hits))
-
-
-def cross_val_scores(
-    X: np.ndarray, y: np.ndarray, groups: np.ndarray, *, l2: float, folds: int = 5, seed: int = 0
-) -> np.ndarray:
-    """Held-out probe logits for every row: ``folds`` folds split by question (group), fixed seed."""
-    rng = np.random.default_rng(seed)
-    qs = rng.permutation(np.unique(groups))
-    out = np.zeros(len(y))
-    for f in range(folds):
-        held = np.isin(groups, qs[f::folds])
-        mean, scale, w, b = train_logistic(X[~held], y[~held], l2=l2, seed=seed)
-        out[held] = ((X[held] - mean) / scale) @ w + b
-    return out
 
 
 def cross_validate(
@@ -273,9 +261,9 @@ def train_doc_probe_cli(
             )
         profiles[n] = prof
         insts = random_positions(records, n, seed=seed)
-        cache = nq_cache(cache_root, proxy.name, "train", n)
-        extract_nq(insts, cache, proxy, desc=f"NQ train features, {n} documents")
-        features.update(cache.load(i.id for i in insts))
+        fstore = feature_store(cache_root, proxy, f"nq-train-n{n}", layers)
+        extract_nq(insts, fstore, proxy, layers=fstore.layers, desc=f"NQ train features, {n} documents")
+        features.update(fstore.load(i.id for i in insts))
         instances.extend(insts)
     probe, report = train_doc_probe(
         instances,

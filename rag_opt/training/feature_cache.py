@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import numpy as np
 
 from rag_opt.models.extract import AttentionFeatures
 
-__all__ = ["CachedExample", "FeatureCache", "fill_cache"]
+__all__ = ["CachedExample", "FeatureCache", "FeatureStore", "fill_cache", "precision_tag"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,8 +130,65 @@ class FeatureCache:
             return path
 
 
+_TAGS = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "int8": "int8"}
+
+
+def precision_tag(dtype: str) -> str:
+    """Short name of a proxy precision in cache names (``bfloat16`` → ``bf16``)."""
+    name = dtype.removeprefix("torch.")
+    if name not in _TAGS:
+        raise ValueError(f"unknown precision {dtype!r}; use one of {list(_TAGS)}")
+    return _TAGS[name]
+
+
+@dataclass(frozen=True)
+class FeatureStore:
+    """Every cache of one dataset's features at one precision, whatever depth it was extracted to.
+
+    Caches are folders ``<folder>/<base>-<precision>-L<layers>`` (see :func:`precision_tag`); a cache extracted
+    with more layers serves a probe that reads fewer (early exit leaves the first layers unchanged), so
+    :meth:`load` merges all caches with at least ``layers`` layers, and extraction writes only what none has.
+    ``num_layers``: the model's depth (a cache named ``<base>-<precision>`` without ``-L`` holds all of them).
+    """
+
+    folder: Path
+    base: str
+    precision: str
+    layers: int
+    num_layers: int
+
+    @property
+    def target(self) -> FeatureCache:
+        """Where new features of this store are written."""
+        return FeatureCache(self.folder / f"{self.base}-{precision_tag(self.precision)}-L{self.layers}")
+
+    def caches(self) -> list[FeatureCache]:
+        """The caches deep enough for ``layers``, deepest first."""
+        pat = re.compile(re.escape(f"{self.base}-{precision_tag(self.precision)}") + r"(?:-L(\d+))?")
+        found: list[tuple[int, FeatureCache]] = []
+        if self.folder.is_dir():
+            for path in self.folder.iterdir():
+                m = pat.fullmatch(path.name)
+                depth = int(m.group(1)) if m and m.group(1) else self.num_layers
+                if m and path.is_dir() and depth >= self.layers:
+                    found.append((depth, FeatureCache(path)))
+        return [c for _, c in sorted(found, key=lambda t: -t[0])]
+
+    def ids(self) -> set[str]:
+        return set().union(*(c.ids() for c in self.caches()))
+
+    def load(self, ids: Iterable[str] | None = None) -> dict[str, AttentionFeatures]:
+        """Features of ``ids`` (all when None), each cut to the store's ``layers``."""
+        wanted = list(ids) if ids is not None else None
+        out: dict[str, AttentionFeatures] = {}
+        for cache in self.caches():
+            for key, feats in cache.load(wanted).items():
+                out.setdefault(key, feats.first_layers(self.layers))
+        return out
+
+
 def fill_cache(
-    cache: FeatureCache,
+    cache: FeatureCache | FeatureStore,
     examples: Sequence[tuple[str, Sequence[Sequence[str]], str]],
     compute: Callable[[Sequence[Sequence[str]], str], AttentionFeatures],
     *,
@@ -138,15 +196,18 @@ def fill_cache(
     progress: bool = True,
     desc: str = "attention features",
 ) -> int:
-    """Compute and cache features for (id, docs-as-units, question) examples not cached yet.
+    """Compute and cache features for (id, docs-as-units, question) examples not cached yet (in a
+    :class:`FeatureStore`: in none of its caches; new ones go to its :attr:`~FeatureStore.target`).
 
     Returns the number of examples computed.
     """
     from tqdm.auto import tqdm
 
     done = cache.ids()
+    if isinstance(cache, FeatureStore):
+        cache = cache.target
     todo = [ex for ex in examples if ex[0] not in done]
-    logger.info("%d of %d examples already cached in %s", len(examples) - len(todo), len(examples), cache.root)
+    logger.info("%d of %d examples already cached for %s", len(examples) - len(todo), len(examples), cache.root)
     pending: list[CachedExample] = []
     for ex_id, docs, question in tqdm(todo, desc=desc, disable=not progress, mininterval=5.0):
         pending.append(CachedExample(ex_id, compute(docs, question)))

@@ -8,6 +8,7 @@ the sentences of the gold passage that contain one of the answers are the positi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -15,6 +16,9 @@ from rag_opt.compressors.features import FeatureLayout
 from rag_opt.errors import InvalidInputError
 from rag_opt.models.extract import AttentionFeatures
 from rag_opt.training.doc_probe import NQInstance
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.text.units import UnitTable
 
 __all__ = ["build_nq_training_set", "nq_unit_labels"]
 
@@ -38,8 +42,10 @@ def build_nq_training_set(
     layout: FeatureLayout,
     *,
     group_offset: int = 0,
+    tables: list[UnitTable] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(X, y, group) over the sentence units of the NQ contexts with cached features. Contexts whose gold
+    """(X, y, group) over the sentence units of the NQ contexts with cached features (``tables``: as in
+    :func:`rag_opt.training.sentence_probe.build_training_set`). Contexts whose gold
     passage has no sentence containing an answer are skipped (nothing to learn from them); groups are numbered
     from ``group_offset`` so they can be appended to HotpotQA's."""
     from rag_opt.compressors.features import build_features
@@ -54,6 +60,8 @@ def build_nq_training_set(
         if not labels.any():
             continue
         units = UnitTable.titled(inst.units())
+        if tables is not None:
+            tables.append(units)
         X = build_features(layout, attn, inst.example.question, units)
         cand = units.candidate
         xs.append(X[cand])

@@ -10,26 +10,35 @@ are kept with their document). Questions whose answer is yes/no still contribute
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rag_opt.compressors.context_features import DEFAULT_CONTEXT
 from rag_opt.compressors.features import FeatureLayout
-from rag_opt.compressors.probe import Probe
+from rag_opt.compressors.probe import ContextStage, Probe
 from rag_opt.errors import InvalidInputError
 from rag_opt.models.extract import AttentionFeatures
 from rag_opt.models.prompt import TEMPLATE_ID
 from rag_opt.training.datasets import HotpotExample, read_hotpotqa
-from rag_opt.training.feature_cache import FeatureCache, fill_cache
-from rag_opt.training.logistic import train_logistic
+from rag_opt.training.feature_cache import FeatureCache, FeatureStore, fill_cache
+from rag_opt.training.logistic import cross_val_scores, train_logistic
 from rag_opt.training.units import hotpot_units
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.models.loader import ProxyModel
+    from rag_opt.text.units import UnitTable
 
 __all__ = [
     "build_training_set",
     "choose_l2",
     "extract_hotpot",
     "feature_cache_for",
+    "feature_folder",
+    "feature_store",
+    "fit_context_stage",
     "fit_probe",
     "train_probe_cli",
     "unit_labels",
@@ -38,10 +47,26 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def feature_cache_for(root: str | Path, model_name: str, dataset: str) -> FeatureCache:
-    """The cache of one (model, prompt template, dataset): features of another template never mix in."""
+def feature_folder(root: str | Path, model_name: str) -> Path:
+    """The folder of one (model, prompt template)'s caches: features of another template never mix in."""
     safe = model_name.replace(":", "-").replace("/", "-")
-    return FeatureCache(Path(root) / safe / TEMPLATE_ID / dataset)
+    return Path(root) / safe / TEMPLATE_ID
+
+
+def feature_cache_for(root: str | Path, model_name: str, dataset: str) -> FeatureCache:
+    """The cache of one (model, prompt template, dataset)."""
+    return FeatureCache(feature_folder(root, model_name) / dataset)
+
+
+def feature_store(root: str | Path, proxy: ProxyModel, dataset: str, layers: int | None = None) -> FeatureStore:
+    """The caches of ``dataset``'s features from ``proxy`` at its precision, for probes of ``layers`` layers."""
+    return FeatureStore(
+        feature_folder(root, proxy.name),
+        dataset,
+        str(proxy.dtype),
+        layers or proxy.num_layers,
+        proxy.num_layers,
+    )
 
 
 def extract_hotpot(
@@ -49,26 +74,29 @@ def extract_hotpot(
     cache_root: str | Path,
     *,
     model: str | None = None,
+    dtype: str | None = None,
+    layers: int | None = None,
     limit: int | None = None,
     seed: int = 0,
     max_tokens: int = 2048,
     progress: bool = True,
-) -> FeatureCache:
-    """Compute (or reuse) attention features for HotpotQA examples and return their cache."""
+) -> FeatureStore:
+    """Compute (or reuse) attention features of the first ``layers`` layers (default all; the forward pass
+    stops there) for HotpotQA examples at the proxy's precision ``dtype``, and return their store."""
     from rag_opt.models.extract import extract
     from rag_opt.models.loader import load_proxy_model
 
-    proxy = load_proxy_model(model)
+    proxy = load_proxy_model(model, dtype=dtype)
     examples = read_hotpotqa(path, limit=limit, seed=seed)
-    cache = feature_cache_for(cache_root, proxy.name, Path(path).name.split(".")[0])
+    store = feature_store(cache_root, proxy, Path(path).name.split(".")[0], layers)
     fill_cache(
-        cache,
+        store,
         [(ex.id, hotpot_units(ex), ex.question) for ex in examples],
-        lambda docs, q: extract(proxy, docs, q, max_tokens=max_tokens),
+        lambda docs, q: extract(proxy, docs, q, max_tokens=max_tokens, layers=store.layers),
         progress=progress,
         desc=f"features {Path(path).name}",
     )
-    return cache
+    return store
 
 
 def unit_labels(ex: HotpotExample) -> list[list[bool]]:
@@ -89,8 +117,10 @@ def build_training_set(
     layout: FeatureLayout,
     *,
     progress: bool = True,
+    tables: list[UnitTable] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(X, y, group) over the sentence units of every example with cached features."""
+    """(X, y, group) over the sentence units of every example with cached features. ``tables``: a list to
+    append each used example's unit table to (in row order: what :func:`fit_context_stage` needs)."""
     from tqdm.auto import tqdm
 
     from rag_opt.compressors.features import build_features
@@ -103,6 +133,8 @@ def build_training_set(
             continue
         docs = hotpot_units(ex)
         units = UnitTable.titled(docs)
+        if tables is not None:
+            tables.append(units)
         X = build_features(layout, attn, ex.question, units)
         cand = units.candidate
         labels = np.concatenate([[False, *lab] for lab in unit_labels(ex)])
@@ -138,6 +170,34 @@ def choose_l2(
     return best, losses
 
 
+def fit_context_stage(
+    tables: Sequence[UnitTable],
+    logits: np.ndarray,
+    y: np.ndarray,
+    names: Sequence[str] = DEFAULT_CONTEXT,
+    *,
+    l2: float = 1e-2,
+    seed: int = 0,
+) -> ContextStage:
+    """Fit the second stage on first-stage ``logits`` of the candidate rows of ``tables`` (concatenated in
+    order, as :func:`build_training_set` lays them out). Pass *held-out* logits (:func:`cross_val_scores`):
+    logits of a probe on its own training rows are over-confident, and the second stage would learn to trust
+    them too much."""
+    from rag_opt.compressors.context_features import context_features
+
+    rows, pos = [], 0
+    for units in tables:
+        cand = units.candidate
+        z = np.zeros(units.n_units)
+        z[cand] = logits[pos : pos + int(cand.sum())]
+        pos += int(cand.sum())
+        rows.append(context_features(z, units, names)[cand])
+    if pos != len(logits) or pos != len(y):
+        raise InvalidInputError(f"{len(logits)} logits and {len(y)} labels for {pos} candidate units")
+    mean, scale, w, b = train_logistic(np.concatenate(rows), y, l2=l2, seed=seed)
+    return ContextStage(names=tuple(names), mean=mean, scale=scale, weights=w, bias=b)
+
+
 def fit_probe(
     X: np.ndarray,
     y: np.ndarray,
@@ -147,9 +207,22 @@ def fit_probe(
     l2: float,
     seed: int,
     meta: dict[str, Any],
+    groups: np.ndarray | None = None,
+    context: Sequence[str] | None = None,
+    tables: Sequence[UnitTable] | None = None,
 ) -> Probe:
+    """Fit the first stage on (X, y); with ``context`` feature names (and the ``tables`` of the rows), also the
+    second stage, on 5-fold held-out first-stage logits (folds by question, ``groups`` of the rows)."""
     mean, scale, w, b = train_logistic(X, y, l2=l2, seed=seed)
-    return Probe(model=model_name, layout=layout, mean=mean, scale=scale, weights=w, bias=b, metadata=meta)
+    stage = None
+    if context:
+        if tables is None or groups is None:
+            raise InvalidInputError("a context stage needs the unit tables and the question groups of the rows")
+        held_out = cross_val_scores(X, y, groups, l2=l2, seed=seed)
+        stage = fit_context_stage(tables, held_out, y, context, seed=seed)
+    return Probe(
+        model=model_name, layout=layout, mean=mean, scale=scale, weights=w, bias=b, metadata=meta, context=stage
+    )
 
 
 def train_probe_cli(
@@ -163,26 +236,53 @@ def train_probe_cli(
     l2: float | None,
     blocks: tuple[str, ...] | None,
     layers: int | None = None,
+    dtype: str | None = None,
+    context: tuple[str, ...] | None = DEFAULT_CONTEXT,
+    nq_data: str | None = None,
+    nq_limit: int = 0,
 ) -> Probe:
     """Extract (or reuse cached) features, train the probe and write it as JSON.
 
     ``layers``: train on the first this many layers only (the forward pass then stops there: early exit).
+    ``dtype``: the proxy precision to extract features at (train at the precision the probe runs at).
+    ``context``: the second stage's features (None: no second stage). ``nq_limit`` NQ train contexts of 10
+    documents from ``nq_data`` add their answer sentences as positives (single-hop Wikipedia passages).
     """
     import time
 
     from rag_opt.compressors.features import DEFAULT_BLOCKS
     from rag_opt.models.loader import load_proxy_model
 
-    proxy = load_proxy_model(model)
-    cache = extract_hotpot(data, cache_root, model=model, limit=limit, seed=seed)
+    proxy = load_proxy_model(model, dtype=dtype)
+    depth = layers or proxy.num_layers
+    store = extract_hotpot(data, cache_root, model=model, dtype=dtype, layers=depth, limit=limit, seed=seed)
     examples = read_hotpotqa(data, limit=limit, seed=seed)
-    layout = FeatureLayout(blocks or DEFAULT_BLOCKS, layers or proxy.num_layers, proxy.num_heads)
-    feats = cache.load(ex.id for ex in examples)
-    X, y, groups = build_training_set(examples, feats, layout)
+    layout = FeatureLayout(blocks or DEFAULT_BLOCKS, depth, proxy.num_heads)
+    tables: list[UnitTable] = []
+    X, y, groups = build_training_set(examples, store.load(ex.id for ex in examples), layout, tables=tables)
+    hotpot_questions = len(np.unique(groups))
+    nq_questions = 0
+    if nq_limit:
+        if nq_data is None:
+            raise InvalidInputError("NQ training contexts need the NQ multi-document data (nq_data)")
+        from rag_opt.training.doc_probe import extract_nq, nq_records, random_positions
+        from rag_opt.training.nq_sentences import build_nq_training_set
+
+        instances = random_positions(nq_records(nq_data, "train")[:nq_limit], 10, seed=seed)
+        nq_store = feature_store(cache_root, proxy, "nq-train-n10", depth)
+        extract_nq(instances, nq_store, proxy, layers=depth, desc="NQ train features, 10 documents")
+        Xn, yn, gn = build_nq_training_set(
+            instances, nq_store.load(i.id for i in instances), layout, group_offset=int(groups.max()) + 1, tables=tables
+        )
+        nq_questions = len(np.unique(gn))
+        X, y, groups = np.concatenate([X, Xn]), np.concatenate([y, yn]), np.concatenate([groups, gn])
     t = time.perf_counter()
     losses: dict[float, float] = {}
     if l2 is None:
         l2, losses = choose_l2(X, y, groups, seed=seed)
+    trained_on = f"{Path(data).parent.name}/{Path(data).name}: {hotpot_questions} questions"
+    if nq_questions:
+        trained_on += f" + nq_multidoc train split: {nq_questions} contexts of 10 documents"
     probe = fit_probe(
         X,
         y,
@@ -190,15 +290,21 @@ def train_probe_cli(
         proxy.name,
         l2=l2,
         seed=seed,
+        groups=groups,
+        context=context,
+        tables=tables,
         meta={
-            "trained_on": f"{Path(data).parent.name}/{Path(data).name}: {len(np.unique(groups))} questions, "
-            f"{len(y)} sentences",
+            "trained_on": f"{trained_on}; {len(y)} sentences",
             "positives": int(y.sum()),
-            "labels": "supporting facts + sentences containing the answer (yes/no answers mark no sentence)",
+            "labels": "HotpotQA: supporting facts + sentences containing the answer (yes/no answers mark no "
+            "sentence); NQ: sentences of the gold passage containing an answer",
             "seed": seed,
             "l2": l2,
             "l2_heldout_logloss": {str(k): v for k, v in losses.items()},
             "template": TEMPLATE_ID,
+            "layers": depth,
+            "precision": str(proxy.dtype).removeprefix("torch."),
+            "context_stage": list(context or []),
         },
     )
     logger.info("probe trained in %.1f s on %d sentences (%d positive)", time.perf_counter() - t, len(y), y.sum())
