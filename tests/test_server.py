@@ -573,7 +573,7 @@ def test_where_context_is_looked_for():
     ]
     plan = plan_request(json.dumps({"messages": messages}).encode(), {}, tool_min_chars=100)
     assert plan is not None and plan.query == "q1"
-    found = [(plan.containers[d.container].message, d.text) for d in plan.documents if d.container is not None]
+    found = [(plan.containers[d.container].path[1], d.text) for d in plan.documents if d.container is not None]
     assert found == [(0, "In the system prompt."), (4, "Current turn."), (5, long_tool.strip())]
     assert plan_request(json.dumps({"messages": messages}).encode(), {}, tool_messages=False).documents[-1].text == (
         "Current turn."
