@@ -1,11 +1,14 @@
 """The OpenAI-compatible proxy as an ASGI app (Starlette): ``create_app(settings, optimizer=None)``.
 
-``POST /v1/chat/completions`` has its context optimized (:mod:`rag_opt.server.chat`) and is forwarded; every
-other ``/v1/...`` request is forwarded unchanged (:mod:`rag_opt.server.upstream`); ``GET /livez`` (the process
+``POST /v1/chat/completions`` (:mod:`rag_opt.server.chat`), ``POST /v1/messages`` (the Anthropic Messages API,
+:mod:`rag_opt.server.anthropic_messages`) and ``POST /v1/responses`` (the OpenAI Responses API,
+:mod:`rag_opt.server.responses`) have their context optimized (:mod:`rag_opt.server.flow`) and are forwarded;
+every other ``/v1/...`` request is forwarded unchanged (:mod:`rag_opt.server.upstream`); ``GET /livez`` (the process
 is up), ``GET /readyz`` and ``GET /health`` (503 until the proxy model has loaded or pass-through mode is
 settled), ``GET /healthz`` (always 200, with the optimizer's state) and ``GET /metrics`` answer locally. No
 redirect is ever built from the client's ``Host``: a path with a trailing slash is refused, not redirected; and
-the chat path takes ``POST`` only (another method is a 405, never forwarded unvalidated).
+the optimized paths take ``POST`` only (another method is a 405, never forwarded unvalidated). rag-opt's own
+error answers are OpenAI-style, except on ``/v1/messages``: Anthropic's shape.
 
 Reliability: optimization runs on a bounded worker pool with a bounded queue (:mod:`rag_opt.server.pool`), never
 on the event loop; a request that fails, exceeds the time budget or finds the optimizer overloaded is forwarded
@@ -34,11 +37,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from rag_opt.server.anthropic_messages import AnthropicMessages
 from rag_opt.server.chat import ChatCompletions
 from rag_opt.server.errors import BodyTooLarge, error_response
+from rag_opt.server.flow import ContextFlow
 from rag_opt.server.logs import RepeatLimiter, limit_repeats
 from rag_opt.server.metrics import CONTENT_TYPE
-from rag_opt.server.paths import CHAT_PATH
+from rag_opt.server.paths import CHAT_PATH, MESSAGES_PATH, OPTIMIZED_PATHS, RESPONSES_PATH, error_format
+from rag_opt.server.responses import Responses
 from rag_opt.server.security import Guard, body_for_log, body_log, install_log_filters, redact_headers, too_large_body
 from rag_opt.server.settings import ProxySettings
 from rag_opt.server.state import Optimizer, ProxyState
@@ -92,7 +98,8 @@ async def _guarded(
         raw = await _read_body(request, state.settings.max_body_bytes)
     except BodyTooLarge:
         state.metrics.local_error("too_large")
-        return Response(too_large_body(state.settings.max_body_bytes), 413, media_type="application/json")
+        body = too_large_body(state.settings.max_body_bytes, error_format(request.url.path))
+        return Response(body, 413, media_type="application/json")
     except ClientDisconnect:
         return Response(status_code=499)
     if state.settings.log_bodies:
@@ -142,7 +149,8 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     leaf = _innermost(exc)
     frames = "".join(traceback.format_tb(leaf.__traceback__))
     logger.error("unexpected error (%s) at\n%s", type(leaf).__name__, frames)
-    return error_response(500, "internal error in the rag-opt proxy", "server_error", None)
+    fmt = error_format(request.url.path)
+    return error_response(500, "internal error in the rag-opt proxy", "server_error", None, fmt=fmt)
 
 
 class _ProxyApp(Starlette):
@@ -167,7 +175,11 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
     upstream).
     """
     state = ProxyState(settings, optimizer)
-    chat = ChatCompletions(state)
+    flows: dict[str, tuple[str, ContextFlow]] = {  # path: (the route's metrics label, its flow)
+        CHAT_PATH: ("chat_completions", ChatCompletions(state)),
+        MESSAGES_PATH: ("messages", AnthropicMessages(state)),
+        RESPONSES_PATH: ("responses", Responses(state)),
+    }
     install_log_filters()
 
     @contextlib.asynccontextmanager
@@ -182,14 +194,22 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
             finally:
                 await state.aclose()
 
-    async def chat_completions(request: Request) -> Response:
-        return await _guarded(state, request, "chat_completions", lambda raw: chat.handle(request, raw))
+    async def optimized(request: Request) -> Response:
+        route, flow = flows[request.scope["path"]]
+        return await _guarded(state, request, route, lambda raw: flow.handle(request, raw))
 
     async def passthrough(request: Request) -> Response:
-        if request.scope["path"] == CHAT_PATH:  # another method: never forwarded unvalidated
+        path = request.scope["path"]
+        if path in OPTIMIZED_PATHS:  # another method: never forwarded unvalidated
             state.metrics.local_error("invalid_request")
-            msg = f"{CHAT_PATH} takes POST requests only"
-            return error_response(405, msg, "invalid_request_error", "method_not_allowed", headers={"allow": "POST"})
+            return error_response(
+                405,
+                f"{path} takes POST requests only",
+                "invalid_request_error",
+                "method_not_allowed",
+                headers={"allow": "POST"},
+                fmt=error_format(path),
+            )
         return await _guarded(state, request, "passthrough", lambda raw: state.upstream.forward(request, raw, []))
 
     async def healthz(request: Request) -> Response:
@@ -212,7 +232,7 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
         Route("/readyz", readyz, methods=["GET"]),
         Route("/health", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        *(Route(path, optimized, methods=["POST"]) for path in OPTIMIZED_PATHS),
         Route("/v1/{path:path}", passthrough, methods=_METHODS),
     ]
     key = settings.api_key.get_secret_value() if settings.api_key is not None else None
