@@ -150,6 +150,14 @@ class JsonEditor:
                 start, end = items[step]
         return start, end
 
+    def span(self, path: JsonPath) -> tuple[int, int] | None:
+        """Where the value at ``path`` is in the text (start, end); None when absent."""
+        found = self._start(path)
+        if found is None:
+            return None
+        start, end = found
+        return start, end if end is not None else _DECODER.raw_decode(self.text, start)[1]
+
     def is_array(self, path: JsonPath) -> bool:
         """Whether the value at ``path`` exists and is an array."""
         found = self._start(path)
