@@ -23,6 +23,7 @@ from rag_opt.server.documents import ContextPlan
 from rag_opt.server.json_edit import JsonEditor, JsonPath
 from rag_opt.server.responses import plan_responses
 from rag_opt.server.settings import ProxySettings
+from rag_opt.types import OptimizeResult, OutputDocument
 from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION, assert_verbatim, blocks
 from tests.upstream_server import FakeUpstream, ServerThread, parse_metrics, serve_proxy
 
@@ -185,6 +186,37 @@ def test_where_responses_context_is_looked_for():
     ]
     plain = plan_responses(b'{"input": "A question, no documents."}', {}, settings)
     assert plain.query == "A question, no documents." and not plain.documents
+
+
+def test_messages_blocks_left_blank_are_removed_not_sent_empty():
+    """The Messages API refuses empty text blocks: a block that held only dropped documents goes, with its comma;
+    the last block of a list stays."""
+    content = (
+        '[{"type": "text", "text": "<document>Dropped one.</document>"}, {"type": "text", "text": "Q?"}, '
+        '{"type": "document", "source": {"type": "text", "data": "Kept two. Cut."}}, '
+        '{"type": "document", "source": {"type": "text", "data": "Dropped three."}}]'
+    )
+    raw = (
+        '{"model": "m", "system": [{"type": "text", "text": "<document>Dropped sys.</document>"}], '
+        f'"messages": [{{"role": "user", "content": {content}}}]}}'
+    ).encode()
+    plan = plan_messages(raw, {}, ProxySettings(upstream="http://127.0.0.1:9/v1"))
+    assert [d.text for d in plan.documents] == ["Dropped sys.", "Dropped one.", "Kept two. Cut.", "Dropped three."]
+    kept = OutputDocument(id="2", index=2, text="Kept two.")
+    dropped = [OutputDocument(id=str(i), index=i, text="") for i in (0, 1, 3)]
+    result = OptimizeResult(
+        query="Q?",
+        documents=[kept],
+        dropped=dropped,
+        tokens_before=9,
+        tokens_after=3,
+        target_tokenizer="o200k_base",
+        scorer="probe",
+    )
+    assert plan.render(result) == (
+        b'{"model": "m", "system": [{"type": "text", "text": ""}], "messages": [{"role": "user", "content": '
+        b'[{"type": "text", "text": "Q?"}, {"type": "document", "source": {"type": "text", "data": "Kept two."}}]}]}'
+    )
 
 
 # -- Anthropic Messages API -----------------------------------------------------------------------------------

@@ -14,8 +14,10 @@ the ``user`` messages after it (which carry tool results) are the current turn. 
 4. ``rag_opt.documents``: rendered as blocks first in the question's message (a new first ``text`` block when
    its content is a list), or with ``"placement": "system"`` at the end of a string ``system`` prompt.
 
-Everything else is forwarded byte for byte (:meth:`rag_opt.server.documents.ContextPlan.render`). The flow is
-:class:`rag_opt.server.flow.ContextFlow`; rag-opt's own errors come in Anthropic's shape
+Everything else is forwarded byte for byte (:meth:`rag_opt.server.documents.ContextPlan.render`), except that a
+content block whose text the optimization leaves blank (a ``text`` block that held only dropped documents, a
+dropped ``document`` block) is removed rather than sent empty, which the API refuses; one block per list stays.
+The flow is :class:`rag_opt.server.flow.ContextFlow`; rag-opt's own errors come in Anthropic's shape
 (``{"type": "error", "error": {"type", "message"}}``), and ``--upstream-api-key`` is sent as ``x-api-key``.
 Nothing is scored, selected or ordered here.
 """
@@ -63,6 +65,11 @@ def _tool_texts(block: dict[str, Any], path: JsonPath) -> list[tuple[JsonPath, s
     return texts_of(block.get("content"), (*path, "content"))
 
 
+def _block(path: JsonPath) -> JsonPath | None:
+    """The content block a text at ``path`` belongs to (``...[j].text`` -> ``...[j]``); None for a string."""
+    return path[:-1] if path[-1] == "text" else None
+
+
 def _text_source(block: dict[str, Any]) -> str | None:
     source = block.get("source")
     if isinstance(source, dict) and source.get("type") == "text" and isinstance(source.get("data"), str):
@@ -77,7 +84,7 @@ def plan_messages(raw: bytes, headers: Mapping[str, str], settings: ProxySetting
     plan.has_extension_field = EXTENSION_FIELD in body
     plan.placer = _place
     for system_path, text in texts_of(body.get("system"), ("system",)):
-        plan.add_text(system_path, text)
+        plan.add_text(system_path, text, item=_block(system_path))
     messages = body["messages"]
     asking = [i for i, m in enumerate(messages) if _has_text(m)]
     turn = asking[-1] if asking else 0
@@ -94,13 +101,13 @@ def plan_messages(raw: bytes, headers: Mapping[str, str], settings: ProxySetting
             path = ("messages", i, "content", j)
             kind = block.get("type")
             if kind == "text" and isinstance(block.get("text"), str):
-                plan.add_text((*path, "text"), block["text"])
+                plan.add_text((*path, "text"), block["text"], item=path)
             elif kind == "document" and (data := _text_source(block)) is not None:
                 title = block.get("title") if isinstance(block.get("title"), str) else None
-                plan.add_whole((*path, "source", "data"), data, title or None)
+                plan.add_whole((*path, "source", "data"), data, title or None, item=path)
             elif kind == "tool_result":
                 for tool_path, text in _tool_texts(block, path):
-                    plan.add_text(tool_path, text, whole_min)
+                    plan.add_text(tool_path, text, whole_min, _block(tool_path))
     plan.add_extension(ext_docs)
     plan.set_query([t for _, t in texts_of(messages[asking[-1]].get("content"), ())] if asking else [])
     return plan

@@ -113,6 +113,7 @@ class Container:
     path: JsonPath
     text: str
     whole: bool = False  # the whole text is one document (a large tool message)
+    item: JsonPath | None = None  # the content block removed when the text ends up blank (an API refuses those)
 
 
 def _optimizable(text: str) -> bool:
@@ -179,16 +180,17 @@ class ContextPlan:
     placer: Placer | None = None  # where the extension documents go (None: a chat completion's messages)
 
     # -- finding (the planners of each API call these) --
-    def add_text(self, path: JsonPath, text: str, whole_min: int | None = None) -> None:
+    def add_text(self, path: JsonPath, text: str, whole_min: int | None = None, item: JsonPath | None = None) -> None:
         """The context in the string at ``path``: its non-empty ``<tag>`` blocks, each a document; without any,
-        the whole text as one document when ``whole_min`` is given and the text is at least that long."""
+        the whole text as one document when ``whole_min`` is given and the text is at least that long. ``item``:
+        the array item (a content block) to remove instead of leaving this text blank."""
         found = scan(text, self.tag).documents
         blocks = [b for b in found if _optimizable(text[b.body_start : b.body_end])]
         if not blocks:
             if whole_min is not None and len(text.strip()) >= max(whole_min, 1):
-                self.add_whole(path, text)
+                self.add_whole(path, text, item=item)
             return
-        self.containers.append(Container(path=path, text=text))
+        self.containers.append(Container(path=path, text=text, item=item))
         for b in blocks:
             lead, core, trail = _split_ws(text[b.body_start : b.body_end])
             self.documents.append(
@@ -206,12 +208,13 @@ class ContextPlan:
                 )
             )
 
-    def add_whole(self, path: JsonPath, text: str, title: str | None = None) -> None:
-        """The whole string at ``path`` as one document (not when empty or not encodable)."""
+    def add_whole(self, path: JsonPath, text: str, title: str | None = None, item: JsonPath | None = None) -> None:
+        """The whole string at ``path`` as one document (not when empty or not encodable); ``item``: as in
+        :meth:`add_text`."""
         if not _optimizable(text):
             return
         lead, core, trail = _split_ws(text)
-        self.containers.append(Container(path=path, text=text, whole=True))
+        self.containers.append(Container(path=path, text=text, whole=True, item=item))
         self.documents.append(
             Found(text=core, title=title, container=len(self.containers) - 1, end=len(text), lead=lead, trail=trail)
         )
@@ -283,11 +286,28 @@ class ContextPlan:
         edits: list[Edit] = []
         if ext_text:
             edits += (self.placer or _place_chat)(self, editor, values, ext_text)
+        edits += self._remove_blank(editor, values)
         for path, value in values.items():
             edits.append(editor.replace(path, value))
         if self.has_extension_field:
             edits += editor.remove_members(EXTENSION_FIELD)
         return editor.render(edits)
+
+    def _remove_blank(self, editor: JsonEditor, values: dict[JsonPath, str]) -> list[Edit]:
+        """Remove the content blocks whose text became blank (their :attr:`Container.item`), keeping at least
+        one block in each array; their values are taken out of ``values``."""
+        arrays: dict[JsonPath, list[tuple[int, JsonPath]]] = {}
+        for c in self.containers:
+            if c.item is not None and c.path in values and not values[c.path].strip() and c.text.strip():
+                arrays.setdefault(c.item[:-1], []).append((int(c.item[-1]), c.path))
+        edits: list[Edit] = []
+        for array, blank in arrays.items():
+            if editor.count_items(array) <= len(blank):
+                blank = blank[1:]  # every block would go: the first stays, blank
+            for _, path in blank:
+                del values[path]
+            edits += editor.remove_items(array, [i for i, _ in blank])
+        return edits
 
     def _container_text(self, c_idx: int, c: Container, order: list[int], kept: set[int], texts: dict[int, str]) -> str:
         here = [i for i, d in enumerate(self.documents) if d.container == c_idx]  # position order
