@@ -220,10 +220,15 @@ class ContextOptimizer:
         ordering: OrderingName | str | None = None,
         budget: Budget | None = None,
         tier: Tier | str | None = None,
+        language: str | None = None,
+        target: str | None = None,
     ) -> OptimizeResult:
-        """Optimize ``documents`` for ``query``; per-call settings override the optimizer's defaults."""
+        """Optimize ``documents`` for ``query``; per-call settings override the optimizer's defaults
+        (``language``: segmentation and BM25 stopwords; ``target``: the tokenizer budgets are counted in)."""
         budget = check_budget(ratio, target_tokens, threshold, budget)
-        return self.optimize_batch([query], [documents], ordering=ordering, budget=budget, tier=tier)[0]
+        return self.optimize_batch(
+            [query], [documents], ordering=ordering, budget=budget, tier=tier, language=language, target=target
+        )[0]
 
     def optimize_batch(
         self,
@@ -236,6 +241,8 @@ class ContextOptimizer:
         ordering: OrderingName | str | None = None,
         budget: Budget | None = None,
         tier: Tier | str | None = None,
+        language: str | None = None,
+        target: str | None = None,
     ) -> list[OptimizeResult]:
         """:meth:`optimize` for several questions, each with its documents, scored together: contexts share
         forward passes of the proxy (sorted by length to limit padding). The results equal those of one call each
@@ -246,10 +253,14 @@ class ContextOptimizer:
         budget = check_budget(ratio, target_tokens, threshold, budget) or self.budget
         orderer = self.orderer(ordering or self.ordering)
         tier_ = check_tier(tier or self.tier)
-        jobs = [_Job(check_query(q), check_documents(d), tier_) for q, d in zip(queries, documents, strict=True)]
+        language_ = self.language if language is None else check_language(language)
+        counter = self.counter if target is None else get_token_counter(target)
+        jobs = [
+            _Job(check_query(q), check_documents(d), tier_, counter) for q, d in zip(queries, documents, strict=True)
+        ]
         for job in jobs:  # segment
             with _timed(job.timings, "segment_ms"):
-                job.units = UnitTable.build(job.docs, self.counter.count, self.language)
+                job.units = UnitTable.build(job.docs, counter.count, language_)
             check_units(job.units.n_units)  # limits and cancellation (rag_opt.work): before the expensive stages
             job.limit = budget.tokens(job.units.tokens_before)
             job.shrink = budget.compresses and (job.limit is None or job.limit < job.units.tokens_before)
@@ -282,7 +293,7 @@ class ContextOptimizer:
             selection = select(
                 units,
                 scores.unit if scores is not None else None,
-                self.counter.count,
+                job.counter.count,
                 limit=job.limit if job.shrink else None,
                 threshold=budget.threshold if job.shrink else None,
                 options=self.selection_options,
@@ -301,7 +312,7 @@ class ContextOptimizer:
             ordering=orderer.name,  # type: ignore[arg-type]
             tier=job.tier,
             token_budget=job.limit,
-            target_tokenizer=self.counter.name,
+            target_tokenizer=job.counter.name,
             timings=job.timings,
             warnings=warnings,
         )
@@ -314,6 +325,7 @@ class _Job:
     query: str
     docs: list[Document]
     tier: Tier
+    counter: TokenCounter
     timings: Timings = field(default_factory=Timings)
     units: UnitTable = field(init=False)
     limit: int | None = None

@@ -60,3 +60,18 @@ def assert_verbatim(kept: str, source: str) -> None:
         assert piece in source[pos:] and (len(piece) >= 12 or lo == len(kept)), f"not verbatim: {kept[i:]!r}"
         pos = source.index(piece, pos) + len(piece)
         i = lo
+
+
+class Recording:
+    """An optimizer for the server tests: passes every call on to ``inner`` and records its keyword arguments."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[dict[str, Any]] = []
+
+    def optimize(self, query: str, documents: Any, **kwargs: Any) -> Any:
+        self.calls.append(kwargs)
+        return self.inner.optimize(query, documents, **kwargs)
+
+    def lexical_scorer(self) -> Any:
+        return self.inner.lexical_scorer()

@@ -24,7 +24,7 @@ from rag_opt.server.json_edit import JsonEditor, JsonPath
 from rag_opt.server.responses import plan_responses
 from rag_opt.server.settings import ProxySettings
 from rag_opt.types import OptimizeResult, OutputDocument
-from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION, assert_verbatim, blocks
+from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION, Recording, assert_verbatim, blocks
 from tests.upstream_server import FakeUpstream, ServerThread, parse_metrics, serve_proxy
 
 DOCS = EXAMPLE_DOCS[:2]
@@ -386,3 +386,64 @@ def test_responses_own_errors_come_in_openais_shape_and_are_not_forwarded(gpt, p
     r = httpx.post(f"{proxy}{RESPONSES}", json=bad_part, timeout=None)
     assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].content[0].text"
     assert len(up.requests) == n
+
+
+# -- shared with chat completions: the engine, per-request language, /stats ------------------------------------
+@pytest.mark.model
+def test_messages_and_responses_take_the_request_language_and_count_their_model_in_stats(upstream, up):
+    from rag_opt import ContextOptimizer
+
+    recording = Recording(ContextOptimizer())
+    with serve_proxy(upstream.url, recording) as (url, state):  # type: ignore[attr-defined]
+        assert set(state.metrics.stats()["requests"]["by_route"]) >= {"messages", "responses"}  # from the start
+        r = httpx.post(
+            f"{url}{MESSAGES}",
+            headers={"x-ragopt-language": "DE"},
+            json={
+                "model": "claude-x",
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": question_with_blocks()}],
+            },
+            timeout=None,
+        )
+        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "optimized"
+        assert recording.calls[-1]["language"] == "de"
+        r = httpx.post(
+            f"{url}{RESPONSES}",
+            json={"model": "gpt-x", "input": question_with_blocks(), "rag_opt": {"language": "pt_BR"}},
+            timeout=None,
+        )
+        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "optimized"
+        assert recording.calls[-1]["language"] == "pt-br"
+        assert b"rag_opt" not in up.last(RESPONSES).body
+        r = httpx.post(
+            f"{url}{MESSAGES}",
+            headers={"x-ragopt-language": "klingon!"},
+            json={"model": "claude-x", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+            timeout=None,
+        )
+        assert r.status_code == 400 and r.json()["type"] == "error" and "ISO 639" in r.json()["error"]["message"]
+        n = len(recording.calls)
+        httpx.post(f"{url}{RESPONSES}", json={"model": "gpt-x", "input": question_with_blocks()}, timeout=None)
+        assert len(recording.calls) == n + 1 and "language" not in recording.calls[-1]  # the optimizer's own
+        stats = httpx.get(f"{url}/stats").json()
+    assert stats["requests"]["by_route"]["messages"] == 2 and stats["requests"]["by_route"]["responses"] == 2
+    assert stats["models"]["claude-x"]["optimizations"] == 1 and stats["models"]["gpt-x"]["optimizations"] == 2
+    assert stats["models"]["claude-x"]["tokens_saved"] > 0
+    assert stats["requests"]["chat_completions"]["optimized"] == 3
+    assert stats["requests"]["chat_completions"]["rejected"] == 1
+
+
+def test_an_overload_refused_on_the_messages_route_is_a_429_in_anthropics_shape():
+    from rag_opt.server.engine import overloaded_response
+    from rag_opt.server.errors import Overloaded
+
+    r = overloaded_response(Overloaded("queue_full", 2.5), 10_000, "anthropic")
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+    assert json.loads(bytes(r.body)) == {
+        "type": "error",
+        "error": {"type": "rate_limit_error", "message": json.loads(bytes(r.body))["error"]["message"]},
+    }
+    assert json.loads(bytes(overloaded_response(Overloaded("queue_full"), 10_000).body))["error"]["code"] == (
+        "ragopt_overloaded"
+    )

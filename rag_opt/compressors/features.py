@@ -23,7 +23,13 @@ use one row per document and these blocks:
   slot; the default: more accurate and more even across positions than the plain difference);
 * ``doc_raw_last`` / ``doc_raw_question``: uncalibrated log share relative to an even share (ablation);
 * ``doc_lexical``: BM25 of the document against the question (relative to the context's best, and log) and
-  question-term overlap.
+  question-term overlap;
+* ``doc_lexical_rank``: the document's BM25 rank in the context (0 = best, over the number of documents) and
+  whether it is the BM25 best;
+* ``doc_position``: where the document sits — first slot, last slot, relative position — so a probe trained at
+  mixed N can correct what calibration leaves at the edges;
+* ``doc_edge_lexical``: ``doc_lexical`` and ``doc_lexical_rank`` again, but only at the first and at the last
+  slot (zero elsewhere): position × lexical interactions for the slots where attention is least reliable.
 """
 
 from __future__ import annotations
@@ -72,6 +78,8 @@ ALL_BLOCKS = (
 )
 DEFAULT_BLOCKS = ("attn_last", "attn_question", "doc_attn_question", "lexical")
 DOC_LEXICAL_NAMES = ("bm25_rel", "bm25_log", "overlap")
+DOC_LEXICAL_RANK_NAMES = ("bm25_rank", "bm25_best")
+DOC_POSITION_NAMES = ("first", "last", "relative")
 DOC_BLOCKS = (
     "doc_cal_last",
     "doc_cal_question",
@@ -80,6 +88,9 @@ DOC_BLOCKS = (
     "doc_raw_last",
     "doc_raw_question",
     "doc_lexical",
+    "doc_lexical_rank",
+    "doc_position",
+    "doc_edge_lexical",
 )
 LEVELS = {"unit": ALL_BLOCKS, "document": DOC_BLOCKS}
 
@@ -106,6 +117,12 @@ class FeatureLayout:
             return len(LEXICAL_NAMES)
         if block == "doc_lexical":
             return len(DOC_LEXICAL_NAMES)
+        if block == "doc_lexical_rank":
+            return len(DOC_LEXICAL_RANK_NAMES)
+        if block == "doc_position":
+            return len(DOC_POSITION_NAMES)
+        if block == "doc_edge_lexical":
+            return 2 * (len(DOC_LEXICAL_NAMES) + len(DOC_LEXICAL_RANK_NAMES))
         return self.num_layers * self.num_heads
 
     @property
@@ -217,6 +234,8 @@ def build_doc_features(
         raise ValueError(f"feature block {calibrated[0]!r} needs a calibration profile")
     if calibrated and baseline is not None and baseline.shape != mass.shape:
         raise ValueError(f"calibration baseline {baseline.shape} does not match attention {mass.shape}")
+    lexical_blocks = {"doc_lexical", "doc_lexical_rank", "doc_edge_lexical"}
+    lexical = _doc_lexical(question, doc_texts, language) if lexical_blocks & set(layout.blocks) else np.zeros((n, 5))
     blocks: list[np.ndarray] = []
     for block in layout.blocks:
         view = 0 if block.endswith("_last") else 1
@@ -230,8 +249,34 @@ def build_doc_features(
         elif block.startswith("doc_raw_"):
             blocks.append(np.log(mass[:, view] * n + EPS).reshape(n, -1))
         elif block == "doc_lexical":
-            bm = bm25_scores(question, list(doc_texts), language)
-            ov = term_overlap(question, list(doc_texts), language)
-            top = bm.max() if bm.size and bm.max() > 0 else 1.0
-            blocks.append(np.stack([bm / top, np.log1p(bm), ov], axis=1))
+            blocks.append(lexical[:, : len(DOC_LEXICAL_NAMES)])
+        elif block == "doc_lexical_rank":
+            blocks.append(lexical[:, len(DOC_LEXICAL_NAMES) :])
+        elif block == "doc_position":
+            blocks.append(_doc_position(n))
+        elif block == "doc_edge_lexical":
+            pos = _doc_position(n)
+            blocks.append(np.concatenate([lexical * pos[:, :1], lexical * pos[:, 1:2]], axis=1))
     return np.concatenate(blocks, axis=1).astype(np.float32)
+
+
+def _doc_lexical(question: str, doc_texts: Sequence[str], language: str) -> np.ndarray:
+    """Per document: ``DOC_LEXICAL_NAMES`` then ``DOC_LEXICAL_RANK_NAMES``."""
+    bm = bm25_scores(question, list(doc_texts), language)
+    ov = term_overlap(question, list(doc_texts), language)
+    n = len(doc_texts)
+    top = bm.max() if bm.size and bm.max() > 0 else 1.0
+    rank = np.empty(n)
+    rank[np.argsort(-bm, kind="stable")] = np.arange(n)
+    best = (rank == 0).astype(np.float64) if n and bm.max() > 0 else np.zeros(n)
+    return np.stack([bm / top, np.log1p(bm), ov, rank / max(n - 1, 1), best], axis=1)
+
+
+def _doc_position(n: int) -> np.ndarray:
+    """Per slot: first, last, relative position (0 … 1)."""
+    out = np.zeros((n, len(DOC_POSITION_NAMES)))
+    if n:
+        out[0, 0] = 1.0
+        out[-1, 1] = 1.0
+        out[:, 2] = np.arange(n) / max(n - 1, 1)
+    return out

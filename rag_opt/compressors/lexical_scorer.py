@@ -52,5 +52,5 @@ class LexicalScorer:
 
     def score(self, question: str, units: UnitTable) -> Scores:
         feats = lexical_features(question, units, word_counts(units))
-        unit = np.asarray(self.probe.predict_proba(feats), dtype=np.float64)
+        unit = np.asarray(self.probe.unit_scores(feats, units), dtype=np.float64)
         return Scores(unit=unit, doc=units.doc_best(unit), method="lexical-probe")

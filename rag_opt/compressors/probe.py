@@ -2,6 +2,11 @@
 
 Stored as plain JSON arrays with metadata (model, feature layout, training data) — never pickle. A probe is
 validated on load and refused when its layout does not match the loaded proxy model.
+
+A sentence probe may have a second stage (:class:`ContextStage`): a small logistic regression over each unit's
+first-stage logit read together with its neighbours' and the other documents'
+(:mod:`rag_opt.compressors.context_features`), for multi-hop evidence. Such probes are written as format
+``rag-opt-probe/2`` so that an older rag-opt refuses them instead of ignoring the second stage.
 """
 
 from __future__ import annotations
@@ -12,18 +17,78 @@ import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rag_opt.compressors.features import FeatureLayout
 from rag_opt.errors import DataNotFoundError, ProbeMismatchError
 
-__all__ = ["FORMAT", "Probe", "shipped_probe"]
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.text.units import UnitTable
+
+__all__ = ["FORMAT", "FORMAT_CONTEXT", "ContextStage", "Probe", "shipped_probe"]
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "rag-opt-probe/1"
+FORMAT_CONTEXT = "rag-opt-probe/2"  # a probe with a second (context) stage
+
+
+def _checked(name: str, values: Any, size: int) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.shape != (size,):
+        raise ProbeMismatchError(f"probe {name} has shape {arr.shape}, expected ({size},)")
+    if not np.all(np.isfinite(arr)):
+        raise ProbeMismatchError(f"probe {name} contains non-finite values")
+    return arr
+
+
+@dataclass
+class ContextStage:
+    """The second stage: logistic regression over :func:`~rag_opt.compressors.context_features.context_features`
+    of the first stage's logits."""
+
+    names: tuple[str, ...]
+    mean: np.ndarray
+    scale: np.ndarray
+    weights: np.ndarray
+    bias: float
+
+    def __post_init__(self) -> None:
+        from rag_opt.compressors.context_features import CONTEXT_FEATURES
+
+        unknown = [n for n in self.names if n not in CONTEXT_FEATURES]
+        if not self.names or unknown:
+            raise ProbeMismatchError(f"probe context stage has unknown or no features {unknown or []}")
+        for name in ("mean", "scale", "weights"):
+            setattr(self, name, _checked(f"context {name}", getattr(self, name), len(self.names)))
+        if np.any(self.scale <= 0) or not math.isfinite(self.bias):
+            raise ProbeMismatchError("probe context stage has a non-positive scale or a non-finite bias")
+
+    def decision(self, logits: np.ndarray, units: UnitTable) -> np.ndarray:
+        from rag_opt.compressors.context_features import context_features
+
+        return ((context_features(logits, units, self.names) - self.mean) / self.scale) @ self.weights + self.bias
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "features": list(self.names),
+            "bias": float(self.bias),
+            "weights": [float(x) for x in self.weights],
+            "mean": [float(x) for x in self.mean],
+            "scale": [float(x) for x in self.scale],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ContextStage:
+        return cls(
+            names=tuple(str(x) for x in data["features"]),
+            mean=np.asarray(data["mean"], dtype=np.float64),
+            scale=np.asarray(data["scale"], dtype=np.float64),
+            weights=np.asarray(data["weights"], dtype=np.float64),
+            bias=float(data["bias"]),
+        )
 
 
 @dataclass
@@ -35,6 +100,7 @@ class Probe:
     weights: np.ndarray
     bias: float
     metadata: dict[str, Any] = field(default_factory=dict)
+    context: ContextStage | None = None
 
     def __post_init__(self) -> None:
         d = self.layout.size
@@ -55,8 +121,16 @@ class Probe:
         return ((features - self.mean) / self.scale) @ self.weights + self.bias
 
     def predict_proba(self, features: np.ndarray) -> np.ndarray:
-        z = np.clip(self.decision(features), -60, 60)
-        return 1.0 / (1.0 + np.exp(-z))
+        """The first stage's probabilities (a probe without a context stage: its scores)."""
+        return _sigmoid(self.decision(features))
+
+    def unit_scores(self, features: np.ndarray, units: UnitTable) -> np.ndarray:
+        """Relevance per unit of ``units`` from its feature matrix: the first stage, then the context stage if
+        the probe has one."""
+        z = self.decision(features)
+        if self.context is not None:
+            z = self.context.decision(z, units)
+        return _sigmoid(z)
 
     def check_compatible(self, model: str, num_layers: int, num_heads: int) -> None:
         """Refuse a probe of another prompt template, model or head count. A probe may use fewer layers than
@@ -83,8 +157,8 @@ class Probe:
 
     # -- persistence -------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
+        out = {
+            "format": FORMAT if self.context is None else FORMAT_CONTEXT,
             "model": self.model,
             "layout": self.layout.to_dict(),
             "bias": float(self.bias),
@@ -93,6 +167,9 @@ class Probe:
             "scale": [float(x) for x in self.scale],
             "metadata": self.metadata,
         }
+        if self.context is not None:
+            out["context"] = self.context.to_dict()
+        return out
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
@@ -100,8 +177,11 @@ class Probe:
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "probe") -> Probe:
         try:
-            if data.get("format") != FORMAT:
-                raise ValueError(f"unsupported format {data.get('format')!r}, expected {FORMAT!r}")
+            fmt = data.get("format")
+            if fmt not in (FORMAT, FORMAT_CONTEXT):
+                raise ValueError(f"unsupported format {fmt!r}, expected {FORMAT!r} or {FORMAT_CONTEXT!r}")
+            if (fmt == FORMAT_CONTEXT) != ("context" in data):
+                raise ValueError(f"format {fmt!r} {'needs' if fmt == FORMAT_CONTEXT else 'has no'} a context stage")
             lay = data["layout"]
             layout = FeatureLayout(
                 tuple(lay["blocks"]), int(lay["num_layers"]), int(lay["num_heads"]), str(lay.get("level", "unit"))
@@ -114,6 +194,7 @@ class Probe:
                 weights=np.asarray(data["weights"], dtype=np.float64),
                 bias=float(data["bias"]),
                 metadata=dict(data.get("metadata") or {}),
+                context=ContextStage.from_dict(data["context"]) if "context" in data else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProbeMismatchError(f"invalid {source}: {exc}") from None
@@ -132,6 +213,10 @@ class Probe:
         if not isinstance(data, dict):
             raise ProbeMismatchError(f"probe file {p} must hold a JSON object")
         return cls.from_dict(data, source=f"probe file {p}")
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(z, -60, 60)))
 
 
 def shipped_probe(model: str, level: str = "unit") -> Probe | None:

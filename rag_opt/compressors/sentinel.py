@@ -138,7 +138,7 @@ class SentinelCompressor:
         docs = units.by_document()
         if self.probe is not None:
             feats = build_features(self.probe.layout, attn, question, units)
-            unit_scores = self.probe.predict_proba(feats)
+            unit_scores = self.probe.unit_scores(feats, units)
         else:
             unit_scores = attn.unit[:, 1].mean(axis=(1, 2)).astype(np.float64)
         unit = np.asarray(unit_scores, dtype=np.float64)

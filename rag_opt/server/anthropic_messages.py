@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rag_opt.server.documents import ContextPlan, place_first, texts_of
+from rag_opt.server.engine import Engine
 from rag_opt.server.errors import RequestError, RewriteError
 from rag_opt.server.flow import ContextFlow
 from rag_opt.server.json_edit import Edit, JsonEditor, JsonPath
@@ -134,5 +135,5 @@ def _place(plan: ContextPlan, editor: JsonEditor, values: dict[JsonPath, str], e
 class AnthropicMessages(ContextFlow):
     """The Messages API flow of one app: Anthropic-shaped errors, ``--upstream-api-key`` as ``x-api-key``."""
 
-    def __init__(self, state: ProxyState) -> None:
-        super().__init__(state, plan_messages, fmt="anthropic", key_header="x-api-key")
+    def __init__(self, state: ProxyState, engine: Engine | None = None) -> None:
+        super().__init__(state, plan_messages, fmt="anthropic", key_header="x-api-key", engine=engine)

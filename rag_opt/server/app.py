@@ -2,12 +2,16 @@
 
 ``POST /v1/chat/completions`` (:mod:`rag_opt.server.chat`), ``POST /v1/messages`` (the Anthropic Messages API,
 :mod:`rag_opt.server.anthropic_messages`) and ``POST /v1/responses`` (the OpenAI Responses API,
-:mod:`rag_opt.server.responses`) have their context optimized (:mod:`rag_opt.server.flow`) and are forwarded;
-every other ``/v1/...`` request is forwarded unchanged (:mod:`rag_opt.server.upstream`); ``GET /livez`` (the process
-is up), ``GET /readyz`` and ``GET /health`` (503 until the proxy model has loaded or pass-through mode is
-settled), ``GET /healthz`` (always 200, with the optimizer's state) and ``GET /metrics`` answer locally. No
+:mod:`rag_opt.server.responses`) have their context optimized (:mod:`rag_opt.server.flow`, its tiers in
+:mod:`rag_opt.server.engine`) and are forwarded; ``POST /v1/compress`` answers optimized documents as JSON
+(:mod:`rag_opt.server.compress`, through the same engine; its schema at ``GET /v1/compress/schema``); every other
+``/v1/...`` request is forwarded unchanged (:mod:`rag_opt.server.upstream`); ``GET /livez`` (the process is up),
+``GET /readyz`` and ``GET /health`` (503 until the proxy model has loaded or pass-through mode is settled),
+``GET /healthz`` (always 200, with the optimizer's state), ``GET /metrics`` (Prometheus) and ``GET /stats`` (JSON
+totals) answer locally. No
 redirect is ever built from the client's ``Host``: a path with a trailing slash is refused, not redirected; and
-the optimized paths take ``POST`` only (another method is a 405, never forwarded unvalidated). rag-opt's own
+the optimized paths and ``/v1/compress`` take ``POST`` only, ``/v1/compress/schema`` ``GET`` only (another method is a
+405, never forwarded unvalidated). rag-opt's own
 error answers are OpenAI-style, except on ``/v1/messages``: Anthropic's shape.
 
 Reliability: optimization runs on a bounded worker pool with a bounded queue (:mod:`rag_opt.server.pool`), never
@@ -39,6 +43,8 @@ from starlette.types import Receive, Scope, Send
 
 from rag_opt.server.anthropic_messages import AnthropicMessages
 from rag_opt.server.chat import ChatCompletions
+from rag_opt.server.compress import COMPRESS_PATH, SCHEMA_PATH, Compressor, compress_schema
+from rag_opt.server.engine import Engine
 from rag_opt.server.errors import BodyTooLarge, error_response
 from rag_opt.server.flow import ContextFlow
 from rag_opt.server.logs import RepeatLimiter, limit_repeats
@@ -130,7 +136,7 @@ async def _guarded(
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        msg = "unknown path: rag-opt serves /v1/..., /livez, /readyz, /health, /healthz and /metrics"
+        msg = "unknown path: rag-opt serves /v1/..., /livez, /readyz, /health, /healthz, /metrics and /stats"
         return error_response(404, msg, "invalid_request_error", "not_found")
     return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None)
 
@@ -175,10 +181,17 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
     upstream).
     """
     state = ProxyState(settings, optimizer)
+    engine = Engine(state)  # one set of tiers (pool, lexical tier) for every route that optimizes
     flows: dict[str, tuple[str, ContextFlow]] = {  # path: (the route's metrics label, its flow)
-        CHAT_PATH: ("chat_completions", ChatCompletions(state)),
-        MESSAGES_PATH: ("messages", AnthropicMessages(state)),
-        RESPONSES_PATH: ("responses", Responses(state)),
+        CHAT_PATH: ("chat_completions", ChatCompletions(state, engine)),
+        MESSAGES_PATH: ("messages", AnthropicMessages(state, engine)),
+        RESPONSES_PATH: ("responses", Responses(state, engine)),
+    }
+    compressor = Compressor(state, engine)
+    local_methods = {  # never forwarded
+        **dict.fromkeys(OPTIMIZED_PATHS, "POST"),
+        COMPRESS_PATH: "POST",
+        SCHEMA_PATH: "GET",
     }
     install_log_filters()
 
@@ -198,16 +211,26 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
         route, flow = flows[request.scope["path"]]
         return await _guarded(state, request, route, lambda raw: flow.handle(request, raw))
 
+    async def compress(request: Request) -> Response:
+        return await _guarded(state, request, "compress", lambda raw: compressor.handle(request, raw))
+
+    async def compress_schema_route(request: Request) -> Response:
+        return JSONResponse(compress_schema())
+
+    async def stats(request: Request) -> Response:
+        return JSONResponse(state.metrics.stats())
+
     async def passthrough(request: Request) -> Response:
         path = request.scope["path"]
-        if path in OPTIMIZED_PATHS:  # another method: never forwarded unvalidated
+        if path in local_methods:  # another method: never forwarded unvalidated
             state.metrics.local_error("invalid_request")
+            allow = local_methods[path]
             return error_response(
                 405,
-                f"{path} takes POST requests only",
+                f"{path} takes {allow} requests only",
                 "invalid_request_error",
                 "method_not_allowed",
-                headers={"allow": "POST"},
+                headers={"allow": allow},
                 fmt=error_format(path),
             )
         return await _guarded(state, request, "passthrough", lambda raw: state.upstream.forward(request, raw, []))
@@ -232,7 +255,10 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
         Route("/readyz", readyz, methods=["GET"]),
         Route("/health", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/stats", stats, methods=["GET"]),
         *(Route(path, optimized, methods=["POST"]) for path in OPTIMIZED_PATHS),
+        Route(COMPRESS_PATH, compress, methods=["POST"]),
+        Route(SCHEMA_PATH, compress_schema_route, methods=["GET"]),
         Route("/v1/{path:path}", passthrough, methods=_METHODS),
     ]
     key = settings.api_key.get_secret_value() if settings.api_key is not None else None

@@ -1,36 +1,55 @@
-"""The proxy's counters, rendered in the Prometheus text exposition format (version 0.0.4).
+"""The proxy's metrics, through ``prometheus_client``: one :class:`~prometheus_client.CollectorRegistry` per app,
+with the process and platform collectors on it, rendered by ``GET /metrics``; and the JSON summary of
+``GET /stats`` (:meth:`Metrics.stats`).
 
-Updated from the event loop and the optimizer's worker threads and read by ``GET /metrics``; a lock keeps every
-update and a scrape consistent.
+Updated from the event loop and the optimizer's worker threads (``prometheus_client``'s instruments are
+thread-safe). Every labelled family starts with its documented label values at 0, so a scrape always shows
+them; a route label value not listed in :data:`ROUTES` appears on first use.
 """
 
 from __future__ import annotations
 
+import datetime
 import threading
-from collections import Counter
+import time
 from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 __all__ = [
+    "BATCH_BUCKETS",
+    "COMPRESS_OUTCOMES",
     "CONTENT_TYPE",
     "FAIL_OPEN_REASONS",
-    "BATCH_BUCKETS",
     "LATENCY_BUCKETS",
     "LEXICAL_REASONS",
     "LOCAL_ERRORS",
+    "MAX_MODELS",
     "OPTIMIZER_STATES",
     "OUTCOMES",
+    "ROUTES",
     "SHED_REASONS",
     "TIERS",
     "TIMEOUT_STAGES",
     "UPSTREAM_ERRORS",
     "WAIT_BUCKETS",
-    "Histogram",
     "Metrics",
 ]
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 
-# outcomes of a chat completion request (also the x-ragopt-status response header); "overloaded" = answered 429
+ROUTES = ("chat_completions", "messages", "responses", "compress", "passthrough")  # others appear on first use
+# outcomes of a request of an LLM API route (chat completions, messages, responses; also the x-ragopt-status
+# response header); "overloaded" = answered 429
 # "optimized_lexical" = optimized by the lexical tier (x-ragopt-status: optimized-lexical)
 OUTCOMES = (
     "optimized",
@@ -42,6 +61,9 @@ OUTCOMES = (
     "rejected",
     "overloaded",
 )
+# outcomes of a POST /v1/compress request: "unchanged" = no compression asked for (nothing to score); "fail_open"
+# = the documents returned as they came (the optimizer could not help); "rejected" = a 4xx; "overloaded" = a 429
+COMPRESS_OUTCOMES = ("optimized", "optimized_lexical", "unchanged", "fail_open", "rejected", "overloaded")
 TIERS = ("model", "lexical")
 # why the lexical tier ran instead of the proxy model: the pool was overloaded (queue full, estimate over the
 # budget); the time budget ran out first; the proxy model is still loading; the context is over
@@ -62,117 +84,195 @@ OPTIMIZER_STATES = ("cold", "loading", "ready", "failed")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+MAX_MODELS = 100  # distinct model names kept by /stats; later ones are counted under "other"
+OTHER_MODEL = "other"
 
 
-class Histogram:
-    """A cumulative Prometheus histogram."""
-
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = buckets
-        self.counts = [0] * len(buckets)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        for i, le in enumerate(self.buckets):
-            if value <= le:
-                self.counts[i] += 1
-        self.sum += value
-        self.count += 1
-
-    def lines(self, name: str) -> list[str]:
-        out = [f'{name}_bucket{{le="{le}"}} {n}' for le, n in zip(self.buckets, self.counts, strict=True)]
-        out.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
-        out.append(f"{name}_sum {self.sum:.6f}")
-        out.append(f"{name}_count {self.count}")
-        return out
+def _labelled(registry: CollectorRegistry, name: str, doc: str, label: str, values: tuple[str, ...]) -> Counter:
+    """A counter with one label, every value in ``values`` shown (at 0) from the start."""
+    counter = Counter(name, doc, [label], registry=registry)
+    for value in values:
+        counter.labels(value)
+    return counter
 
 
 class Metrics:
-    """Counters of one proxy app."""
+    """The metrics of one proxy app, on its own registry (``registry``)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.requests: Counter[str] = Counter()  # by route: chat_completions, passthrough
-        self.outcomes: Counter[str] = Counter()
-        self.fail_open: Counter[str] = Counter()
-        self.shed: Counter[str] = Counter()
-        self.timeouts: Counter[str] = Counter()
-        self.local_errors: Counter[str] = Counter()
-        self.upstream_errors: Counter[str] = Counter()
-        self.upstream_responses: Counter[str] = Counter()  # by status code
-        self.tokens_before = 0
-        self.tokens_after = 0
-        self.documents_before = 0
-        self.documents_after = 0
-        self.in_flight = 0  # chat requests waiting for or running an optimization
-        self.abandoned_finished = 0  # optimizations that finished after their request had given up
-        self.cancelled_running = 0  # ... of which stopped early at a checkpoint
-        self._latency = Histogram(LATENCY_BUCKETS)
-        self._queue_wait = Histogram(WAIT_BUCKETS)
-        self._batch = Histogram(BATCH_BUCKETS)
-        self.tiers: Counter[str] = Counter()  # finished optimizations by tier
-        self.lexical: Counter[str] = Counter()  # lexical-tier optimizations by why the model did not run
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        reg = self.registry
+        self._requests = _labelled(reg, "ragopt_requests", "Requests received by the proxy, by route.", "route", ROUTES)
+        self._outcomes = _labelled(
+            reg,
+            "ragopt_chat_requests",
+            "Chat completions, messages and responses requests by what rag-opt did.",
+            "outcome",
+            OUTCOMES,
+        )
+        self._compress = _labelled(
+            reg,
+            "ragopt_compress_requests",
+            "POST /v1/compress requests by what rag-opt did.",
+            "outcome",
+            COMPRESS_OUTCOMES,
+        )
+        self._tiers = _labelled(
+            reg, "ragopt_optimizations", "Optimizations written back, by the tier that scored.", "tier", TIERS
+        )
+        self._lexical = _labelled(
+            reg,
+            "ragopt_lexical_tier",
+            "Optimizations sent to the lexical tier instead of the proxy model, by reason.",
+            "reason",
+            LEXICAL_REASONS,
+        )
+        self._fail_open = _labelled(
+            reg, "ragopt_fail_open", "Requests forwarded unoptimized, by reason.", "reason", FAIL_OPEN_REASONS
+        )
+        self._shed = _labelled(
+            reg,
+            "ragopt_optimizer_shed",
+            "Optimizations not admitted: queue full, or estimated wait + run over the time budget.",
+            "reason",
+            SHED_REASONS,
+        )
+        self._timeouts = _labelled(
+            reg,
+            "ragopt_optimizer_timeouts",
+            "Optimizations over the time budget: still queued (never run) or running (left to finish).",
+            "stage",
+            TIMEOUT_STAGES,
+        )
+        self._abandoned = Counter(
+            "ragopt_optimizer_abandoned_finished",
+            "Timed-out optimizations that later finished on their worker (result discarded).",
+            registry=reg,
+        )
+        self._cancelled = Counter(
+            "ragopt_optimizer_cancelled",
+            "Timed-out or abandoned optimizations stopped early, between stages or forward passes.",
+            registry=reg,
+        )
+        self._local_errors = _labelled(
+            reg, "ragopt_local_errors", "Requests the proxy refused itself (4xx, 503), by kind.", "kind", LOCAL_ERRORS
+        )
+        self._tokens_before = Counter(
+            "ragopt_tokens_before", "Context tokens before optimization (target tokenizer).", registry=reg
+        )
+        self._tokens_after = Counter(
+            "ragopt_tokens_after", "Context tokens after optimization (target tokenizer).", registry=reg
+        )
+        self._documents_before = Counter(
+            "ragopt_documents_before", "Context documents found in requests.", registry=reg
+        )
+        self._documents_after = Counter("ragopt_documents_after", "Context documents kept (not dropped).", registry=reg)
+        self._latency = Histogram(
+            "ragopt_optimizer_latency_seconds",
+            "Optimizer latency of finished optimizations.",
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self._queue_wait = Histogram(
+            "ragopt_optimizer_queue_wait_seconds",
+            "Time admitted optimizations waited for a worker.",
+            buckets=WAIT_BUCKETS,
+            registry=reg,
+        )
+        self._batch = Histogram(
+            "ragopt_optimizer_batch_size",
+            "Jobs run together as one optimize_batch call (micro-batches of 2 or more).",
+            buckets=BATCH_BUCKETS,
+            registry=reg,
+        )
+        self._in_flight = Gauge(
+            "ragopt_optimizations_in_flight", "Chat requests waiting for or running an optimization.", registry=reg
+        )
         # pool gauges, read at scrape time: (queued, busy, workers, queue limit)
         self.pool_gauges: Callable[[], tuple[int, int, int, int]] = lambda: (0, 0, 0, 0)
         self.optimizer_state: Callable[[], str] = lambda: "cold"
+        pool = (
+            ("ragopt_optimizer_queue_depth", "Optimizations admitted and waiting for a worker.", 0),
+            ("ragopt_optimizer_queue_limit", "Most optimizations that may wait for a worker.", 3),
+            ("ragopt_optimizer_workers_busy", "Workers running an optimization (timed-out ones too).", 1),
+            ("ragopt_optimizer_workers", "Optimizer worker threads (--max-concurrency).", 2),
+        )
+        for name, doc, k in pool:
+            Gauge(name, doc, registry=reg).set_function(self._pool_gauge(k))
+        state = Gauge(
+            "ragopt_optimizer_state",
+            "1 for the proxy model's current state (failed: pass-through).",
+            ["state"],
+            registry=reg,
+        )
+        for st in OPTIMIZER_STATES:
+            state.labels(st).set_function(self._state_is(st))
+        self._upstream_errors = _labelled(
+            reg, "ragopt_upstream_errors", "Upstream failures by kind.", "kind", UPSTREAM_ERRORS
+        )
+        self._upstream_responses = Counter(
+            "ragopt_upstream_responses", "Upstream responses relayed, by status code.", ["code"], registry=reg
+        )
+        # for GET /stats: since when, and the tokens by model (a name the client chose: bounded by MAX_MODELS)
+        self.started = time.time()
+        self._models_lock = threading.Lock()
+        self._models: dict[str, list[int]] = {}  # model -> [optimizations, tokens before, tokens after]
 
+    def _pool_gauge(self, k: int) -> Callable[[], float]:
+        return lambda: float(self.pool_gauges()[k])
+
+    def _state_is(self, st: str) -> Callable[[], float]:
+        return lambda: float(self.optimizer_state() == st)
+
+    # -- updates (their names and signatures are relied on by every route) ----------------------------------
     def request(self, route: str) -> None:
-        with self._lock:
-            self.requests[route] += 1
+        self._requests.labels(route).inc()
 
     def outcome(self, outcome: str) -> None:
-        with self._lock:
-            self.outcomes[outcome] += 1
+        self._outcomes.labels(outcome).inc()
+
+    def compress_outcome(self, outcome: str) -> None:
+        """Count one ``POST /v1/compress`` request by its outcome (:data:`COMPRESS_OUTCOMES`)."""
+        self._compress.labels(outcome).inc()
 
     def failed_open(self, reason: str) -> None:
-        with self._lock:
-            self.fail_open[reason] += 1
+        self._fail_open.labels(reason).inc()
 
     def shed_load(self, reason: str) -> None:
-        with self._lock:
-            self.shed[reason] += 1
+        self._shed.labels(reason).inc()
 
     def timed_out(self, stage: str) -> None:
-        with self._lock:
-            self.timeouts[stage] += 1
+        self._timeouts.labels(stage).inc()
 
     def local_error(self, kind: str) -> None:
-        with self._lock:
-            self.local_errors[kind] += 1
+        self._local_errors.labels(kind).inc()
 
     def upstream_error(self, kind: str) -> None:
-        with self._lock:
-            self.upstream_errors[kind] += 1
+        self._upstream_errors.labels(kind).inc()
 
     def upstream_response(self, status: int) -> None:
-        with self._lock:
-            self.upstream_responses[str(status)] += 1
+        self._upstream_responses.labels(str(status)).inc()
 
     def queue_wait(self, seconds: float) -> None:
-        with self._lock:
-            self._queue_wait.observe(seconds)
+        self._queue_wait.observe(seconds)
 
     def abandoned_done(self) -> None:
-        with self._lock:
-            self.abandoned_finished += 1
+        self._abandoned.inc()
 
     def cancelled(self) -> None:
-        with self._lock:
-            self.cancelled_running += 1
+        self._cancelled.inc()
 
     def batch(self, size: int) -> None:
         """Record one run of ``size`` (> 1) jobs as one ``optimize_batch`` call."""
-        with self._lock:
-            self._batch.observe(size)
+        self._batch.observe(size)
 
     def lexical_used(self, reason: str) -> None:
-        with self._lock:
-            self.lexical[reason] += 1
+        self._lexical.labels(reason).inc()
 
     def add_in_flight(self, n: int) -> None:
-        with self._lock:
-            self.in_flight += n
+        self._in_flight.inc(n)
 
     def optimization(
         self,
@@ -182,112 +282,95 @@ class Metrics:
         docs_before: int,
         docs_after: int,
         tier: str = "model",
+        model: str | None = None,
     ) -> None:
-        """Record one finished optimization (by the ``model`` or the ``lexical`` tier)."""
-        with self._lock:
-            self.tiers[tier] += 1
-            self.tokens_before += tokens_before
-            self.tokens_after += tokens_after
-            self.documents_before += docs_before
-            self.documents_after += docs_after
-            self._latency.observe(seconds)
+        """Record one finished optimization (by the ``model`` or the ``lexical`` tier); ``model``: the LLM it was
+        for (the request's ``model``, or the compress request's ``target``), for ``GET /stats``."""
+        self._tiers.labels(tier).inc()
+        self._tokens_before.inc(tokens_before)
+        self._tokens_after.inc(tokens_after)
+        self._documents_before.inc(docs_before)
+        self._documents_after.inc(docs_after)
+        self._latency.observe(seconds)
+        name = model if model else "unknown"
+        with self._models_lock:
+            if name not in self._models and len(self._models) >= MAX_MODELS:
+                name = OTHER_MODEL
+            row = self._models.setdefault(name, [0, 0, 0])
+            row[0] += 1
+            row[1] += tokens_before
+            row[2] += tokens_after
+
+    # -- reading ----------------------------------------------------------------------------------------------
+    def value(self, name: str, **labels: str) -> float:
+        """The current value of one sample (0 when it has none yet), e.g.
+        ``value("ragopt_fail_open_total", reason="error")``."""
+        found = self.registry.get_sample_value(name, labels)
+        return 0.0 if found is None else found
+
+    @property
+    def abandoned_finished(self) -> int:
+        return int(self.value("ragopt_optimizer_abandoned_finished_total"))
+
+    @property
+    def cancelled_running(self) -> int:
+        return int(self.value("ragopt_optimizer_cancelled_total"))
+
+    @property
+    def tokens_before(self) -> int:
+        return int(self.value("ragopt_tokens_before_total"))
+
+    @property
+    def tokens_after(self) -> int:
+        return int(self.value("ragopt_tokens_after_total"))
 
     def render(self) -> str:
-        """All metrics in the Prometheus text format."""
-        queued, busy, workers, queue_limit = self.pool_gauges()
-        state = self.optimizer_state()
-        with self._lock:
-            out: list[str] = []
+        """All metrics in the Prometheus text format (version 0.0.4)."""
+        return generate_latest(self.registry).decode("utf-8")
 
-            def family(name: str, kind: str, help_text: str) -> None:
-                out.append(f"# HELP {name} {help_text}")
-                out.append(f"# TYPE {name} {kind}")
+    def _by_label(self, family: str, label: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for metric in self.registry.collect():
+            if metric.name != family:
+                continue
+            for sample in metric.samples:
+                if sample.name == family + "_total" and label in sample.labels:
+                    out[sample.labels[label]] = int(sample.value)
+        return out
 
-            family("ragopt_requests_total", "counter", "Requests received by the proxy, by route.")
-            for route in sorted({"chat_completions", "passthrough", *self.requests}):
-                out.append(f'ragopt_requests_total{{route="{route}"}} {self.requests[route]}')
-            family("ragopt_chat_requests_total", "counter", "Chat completion requests by what rag-opt did.")
-            for o in OUTCOMES:
-                out.append(f'ragopt_chat_requests_total{{outcome="{o}"}} {self.outcomes[o]}')
-            family("ragopt_optimizations_total", "counter", "Optimizations written back, by the tier that scored.")
-            for t in TIERS:
-                out.append(f'ragopt_optimizations_total{{tier="{t}"}} {self.tiers[t]}')
-            family(
-                "ragopt_lexical_tier_total",
-                "counter",
-                "Optimizations sent to the lexical tier instead of the proxy model, by reason.",
-            )
-            for r in LEXICAL_REASONS:
-                out.append(f'ragopt_lexical_tier_total{{reason="{r}"}} {self.lexical[r]}')
-            family("ragopt_fail_open_total", "counter", "Requests forwarded unoptimized, by reason.")
-            for r in FAIL_OPEN_REASONS:
-                out.append(f'ragopt_fail_open_total{{reason="{r}"}} {self.fail_open[r]}')
-            family(
-                "ragopt_optimizer_shed_total",
-                "counter",
-                "Optimizations not admitted: queue full, or estimated wait + run over the time budget.",
-            )
-            for r in SHED_REASONS:
-                out.append(f'ragopt_optimizer_shed_total{{reason="{r}"}} {self.shed[r]}')
-            family(
-                "ragopt_optimizer_timeouts_total",
-                "counter",
-                "Optimizations over the time budget: still queued (never run) or running (left to finish).",
-            )
-            for st in TIMEOUT_STAGES:
-                out.append(f'ragopt_optimizer_timeouts_total{{stage="{st}"}} {self.timeouts[st]}')
-            family(
-                "ragopt_optimizer_abandoned_finished_total",
-                "counter",
-                "Timed-out optimizations that later finished on their worker (result discarded).",
-            )
-            out.append(f"ragopt_optimizer_abandoned_finished_total {self.abandoned_finished}")
-            family(
-                "ragopt_optimizer_cancelled_total",
-                "counter",
-                "Timed-out or abandoned optimizations stopped early, between stages or forward passes.",
-            )
-            out.append(f"ragopt_optimizer_cancelled_total {self.cancelled_running}")
-            family("ragopt_local_errors_total", "counter", "Requests the proxy refused itself (4xx, 503), by kind.")
-            for k in LOCAL_ERRORS:
-                out.append(f'ragopt_local_errors_total{{kind="{k}"}} {self.local_errors[k]}')
-            family("ragopt_tokens_before_total", "counter", "Context tokens before optimization (target tokenizer).")
-            out.append(f"ragopt_tokens_before_total {self.tokens_before}")
-            family("ragopt_tokens_after_total", "counter", "Context tokens after optimization (target tokenizer).")
-            out.append(f"ragopt_tokens_after_total {self.tokens_after}")
-            family("ragopt_documents_before_total", "counter", "Context documents found in requests.")
-            out.append(f"ragopt_documents_before_total {self.documents_before}")
-            family("ragopt_documents_after_total", "counter", "Context documents kept (not dropped).")
-            out.append(f"ragopt_documents_after_total {self.documents_after}")
-            family("ragopt_optimizer_latency_seconds", "histogram", "Optimizer latency of finished optimizations.")
-            out += self._latency.lines("ragopt_optimizer_latency_seconds")
-            family(
-                "ragopt_optimizer_queue_wait_seconds", "histogram", "Time admitted optimizations waited for a worker."
-            )
-            out += self._queue_wait.lines("ragopt_optimizer_queue_wait_seconds")
-            family(
-                "ragopt_optimizer_batch_size",
-                "histogram",
-                "Jobs run together as one optimize_batch call (micro-batches of 2 or more).",
-            )
-            out += self._batch.lines("ragopt_optimizer_batch_size")
-            family("ragopt_optimizations_in_flight", "gauge", "Chat requests waiting for or running an optimization.")
-            out.append(f"ragopt_optimizations_in_flight {self.in_flight}")
-            family("ragopt_optimizer_queue_depth", "gauge", "Optimizations admitted and waiting for a worker.")
-            out.append(f"ragopt_optimizer_queue_depth {queued}")
-            family("ragopt_optimizer_queue_limit", "gauge", "Most optimizations that may wait for a worker.")
-            out.append(f"ragopt_optimizer_queue_limit {queue_limit}")
-            family("ragopt_optimizer_workers_busy", "gauge", "Workers running an optimization (timed-out ones too).")
-            out.append(f"ragopt_optimizer_workers_busy {busy}")
-            family("ragopt_optimizer_workers", "gauge", "Optimizer worker threads (--max-concurrency).")
-            out.append(f"ragopt_optimizer_workers {workers}")
-            family("ragopt_optimizer_state", "gauge", "1 for the proxy model's current state (failed: pass-through).")
-            for st in OPTIMIZER_STATES:
-                out.append(f'ragopt_optimizer_state{{state="{st}"}} {int(st == state)}')
-            family("ragopt_upstream_errors_total", "counter", "Upstream failures by kind.")
-            for k in UPSTREAM_ERRORS:
-                out.append(f'ragopt_upstream_errors_total{{kind="{k}"}} {self.upstream_errors[k]}')
-            family("ragopt_upstream_responses_total", "counter", "Upstream responses relayed, by status code.")
-            for code in sorted(self.upstream_responses):
-                out.append(f'ragopt_upstream_responses_total{{code="{code}"}} {self.upstream_responses[code]}')
-            return "\n".join(out) + "\n"
+    def stats(self) -> dict[str, Any]:
+        """The ``GET /stats`` summary since the app started: requests by route and by outcome, tokens saved in
+        total and per model."""
+        chat = self._by_label("ragopt_chat_requests", "outcome")
+        compress = self._by_label("ragopt_compress_requests", "outcome")
+        routes = self._by_label("ragopt_requests", "route")
+        outcomes = {k: chat.get(k, 0) + compress.get(k, 0) for k in dict.fromkeys([*OUTCOMES, *COMPRESS_OUTCOMES])}
+        outcomes["passthrough"] = routes.get("passthrough", 0)  # forwarded unchanged (routes with no context)
+        outcomes["error"] = sum(self._by_label("ragopt_local_errors", "kind").values()) + sum(
+            self._by_label("ragopt_upstream_errors", "kind").values()
+        )
+        before, after = self.tokens_before, self.tokens_after
+        with self._models_lock:
+            models = {
+                name: {
+                    "optimizations": n,
+                    "tokens_before": b,
+                    "tokens_after": a,
+                    "tokens_saved": b - a,
+                }
+                for name, (n, b, a) in sorted(self._models.items())
+            }
+        return {
+            "since": datetime.datetime.fromtimestamp(self.started, datetime.timezone.utc).isoformat(),
+            "uptime_s": round(time.time() - self.started, 3),
+            "requests": {
+                "total": sum(routes.values()),
+                "by_route": routes,
+                "by_outcome": outcomes,
+                "chat_completions": chat,
+                "compress": compress,
+                "fail_open": self._by_label("ragopt_fail_open", "reason"),
+            },
+            "tokens": {"before": before, "after": after, "saved": before - after},
+            "models": models,
+        }

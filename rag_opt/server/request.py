@@ -6,9 +6,10 @@ completion: its ``messages``; the other routes pass their own check to :func:`pa
 validates only the structure it reads, everything else is the upstream's to validate.
 
 Per-request options come from the ``x-ragopt-*`` headers (``ratio``, ``target-tokens``, ``threshold``,
-``ordering``, ``disable``) and the ``rag_opt`` extension field (``query``, ``documents``, ``ratio``,
-``target_tokens``, ``threshold``, ``ordering``, ``placement``, ``enabled``), the field over the headers; a budget
-in the field replaces one in the headers.
+``ordering``, ``language``, ``disable``) and the ``rag_opt`` extension field (``query``, ``documents``,
+``ratio``, ``target_tokens``, ``threshold``, ``ordering``, ``language``, ``placement``, ``enabled``), the field
+over the headers; a budget in the field replaces one in the headers. ``language`` (an ISO 639 code) overrides the
+server's ``--language`` for this request: segmentation and the BM25 stopwords follow it.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rag_opt.errors import InvalidInputError
 from rag_opt.server.errors import RequestError
+from rag_opt.text.language import check_language
 from rag_opt.types import Budget, Document, check_ordering, to_documents
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "check_chat_body",
     "check_messages",
     "check_parts",
+    "check_request_language",
     "check_unique",
     "decode_body",
     "json_type",
@@ -46,7 +49,7 @@ HEADER_PREFIX = "x-ragopt-"
 _BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
-_HEADERS = ("ratio", "target-tokens", "threshold", "ordering", "disable")
+_HEADERS = ("ratio", "target-tokens", "threshold", "ordering", "language", "disable")
 _BODY_KEYS = frozenset({"messages", EXTENSION_FIELD})  # the keys rag-opt reads, where a duplicate is refused
 _MESSAGE_KEYS = frozenset({"role", "content"})
 _PART_KEYS = frozenset({"type", "text"})
@@ -61,6 +64,7 @@ class Options:
 
     budget: Budget | None = None
     ordering: str | None = None
+    language: str | None = None
     query: str | None = None
     placement: str = "user"
     enabled: bool = True
@@ -75,6 +79,7 @@ class _Extension(BaseModel):
     target_tokens: int | None = None
     threshold: float | None = None
     ordering: str | None = None
+    language: str | None = None
     placement: Literal["user", "system"] = "user"
     enabled: bool = True
 
@@ -128,6 +133,16 @@ def _check_ordering(ordering: str | None, where: str) -> None:
         raise RequestError(f"{where}: {exc}", param=where) from None
 
 
+def check_request_language(language: str | None, where: str) -> str | None:
+    """``language`` as a normalised ISO 639 code (None stays None), or a :class:`RequestError` naming ``where``."""
+    if language is None:
+        return None
+    try:
+        return check_language(language)
+    except InvalidInputError as exc:
+        raise RequestError(f"{where}: {exc}", param=where, code="invalid_language") from None
+
+
 def _header_options(headers: Mapping[str, str]) -> dict[str, Any]:
     """Read the ``x-ragopt-*`` request headers (names case-insensitive); unknown ones are an error."""
     found = {
@@ -145,8 +160,8 @@ def _header_options(headers: Mapping[str, str]) -> dict[str, Any]:
                 out[name] = float(value)
             elif name == "target-tokens":
                 out["target_tokens"] = int(value)
-            elif name == "ordering":
-                out["ordering"] = value
+            elif name in ("ordering", "language"):
+                out[name] = value
             elif value.lower() in _TRUE | _FALSE:
                 out["enabled"] = value.lower() not in _TRUE
             else:
@@ -155,6 +170,8 @@ def _header_options(headers: Mapping[str, str]) -> dict[str, Any]:
             raise RequestError(f"{where}: invalid value {value!r}", param=where) from None
     _budget(out.get("ratio"), out.get("target_tokens"), out.get("threshold"), "x-ragopt headers")
     _check_ordering(out.get("ordering"), HEADER_PREFIX + "ordering")
+    if "language" in out:
+        out["language"] = check_request_language(out["language"], HEADER_PREFIX + "language")
     return out
 
 
@@ -176,6 +193,7 @@ def _extension(value: Any) -> tuple[_Extension, list[Document]]:
         raise RequestError(f"{where}: {msg}", param=where) from None
     _budget(ext.ratio, ext.target_tokens, ext.threshold, EXTENSION_FIELD)
     _check_ordering(ext.ordering, f"{EXTENSION_FIELD}.ordering")
+    ext.language = check_request_language(ext.language, f"{EXTENSION_FIELD}.language")
     if ext.query is not None and not ext.query.strip():
         raise RequestError(f"{EXTENSION_FIELD}.query is empty", f"{EXTENSION_FIELD}.query")
     docs: list[Document] = []

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rag_opt.server.documents import SYSTEM_ROLES, ContextPlan, place_first, texts_of
+from rag_opt.server.engine import Engine
 from rag_opt.server.errors import RequestError, RewriteError
 from rag_opt.server.flow import ContextFlow
 from rag_opt.server.json_edit import Edit, JsonEditor, JsonPath
@@ -128,5 +129,5 @@ def _place(plan: ContextPlan, editor: JsonEditor, values: dict[JsonPath, str], e
 class Responses(ContextFlow):
     """The Responses API flow of one app (OpenAI-style errors)."""
 
-    def __init__(self, state: ProxyState) -> None:
-        super().__init__(state, plan_responses)
+    def __init__(self, state: ProxyState, engine: Engine | None = None) -> None:
+        super().__init__(state, plan_responses, engine=engine)

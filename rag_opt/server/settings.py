@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic.fields import FieldInfo
 
 from rag_opt.errors import ConfigurationError
+from rag_opt.text.language import check_language
 from rag_opt.types import ORDERING_NAMES, Budget, check_ordering
 
 __all__ = [
@@ -92,6 +93,11 @@ class ProxySettings(BaseModel):
         default=None,
         description="tokenizer of the upstream LLM, budgets are in its tokens: OpenAI model or tiktoken encoding "
         "name, or hf:<id>",
+    )
+    language: str = Field(
+        default="en",
+        description="ISO 639 code of the documents' language (en, de, fr, pt-BR, ...): sentence segmentation and "
+        "BM25 stopwords follow it; a request may give its own (x-ragopt-language, rag_opt.language)",
     )
     proxy_model: str | None = Field(
         default=None,
@@ -246,6 +252,11 @@ class ProxySettings(BaseModel):
     @classmethod
     def _ordering(cls, v: str) -> str:
         return check_ordering(v)
+
+    @field_validator("language")
+    @classmethod
+    def _language(cls, v: str) -> str:
+        return check_language(v)
 
     @model_validator(mode="before")
     @classmethod

@@ -59,6 +59,7 @@ class ProxyState:
                 dtype=settings.dtype,
                 probe=None if settings.probe == "none" else settings.probe,
                 ordering=settings.ordering,
+                language=settings.language,
                 trust_remote_code=settings.trust_remote_code,
                 threads=ThreadPolicy(threads, workers=settings.max_concurrency),
             )

@@ -1,0 +1,126 @@
+"""Second-stage features: a unit's relevance read in the light of its neighbours and of the other documents.
+
+The first-stage probe scores each sentence on its own attention and lexical signals. Multi-hop evidence needs
+more: the second sentence of a bridge paragraph is relevant *because* its paragraph is the one a relevant
+sentence elsewhere names. From the first stage's logits ``z`` (one per unit) and the unit table alone, this
+module builds per-unit features (no forward pass, microseconds):
+
+* ``own``: the unit's own logit;
+* ``prev`` / ``next``: the logit of the previous / next candidate unit of the same document (the context
+  minimum when there is none);
+* ``doc_best_other``: the best logit among the *other* units of the same document;
+* ``doc_rank``: the document's rank by its best logit (0 = best document), over the number of documents;
+* ``gap_to_top``: the unit's logit minus the best logit of the context;
+* ``rank_in_doc``: the unit's rank within its document, over its number of candidates;
+* ``named_by_other``: the best logit among units of *other* documents that name this document's title
+  (a bridge: the paragraph is what a relevant sentence points to); the context minimum when none does;
+* ``names_other``: the best document score (best logit) among the other documents whose title this unit
+  names; the context minimum when it names none.
+
+Titles are read from the table's title rows (documents without a title take part in neither title feature).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.text.units import UnitTable
+
+__all__ = ["CONTEXT_FEATURES", "context_features"]
+
+CONTEXT_FEATURES = (
+    "own",
+    "prev",
+    "next",
+    "doc_best_other",
+    "doc_rank",
+    "gap_to_top",
+    "rank_in_doc",
+    "named_by_other",
+    "names_other",
+)
+
+_PAREN = re.compile(r"\s*\([^)]*\)\s*$")
+
+
+@lru_cache(maxsize=4096)
+def _title_pattern(title: str) -> re.Pattern[str] | None:
+    """A case-insensitive, word-bounded pattern for a title without its trailing "(disambiguation)" part."""
+    core = _PAREN.sub("", title).strip()
+    if len(core) < 3:
+        return None
+    return re.compile(r"(?<!\w)" + re.escape(core) + r"(?!\w)", re.IGNORECASE)
+
+
+def _titles(units: UnitTable) -> list[str | None]:
+    out: list[str | None] = [None] * units.n_docs
+    for r, kind in enumerate(units.kind):
+        if kind == "title" and out[int(units.doc[r])] is None:
+            out[int(units.doc[r])] = units.texts[r].strip() or None
+    return out
+
+
+def context_features(logits: np.ndarray, units: UnitTable, names: Sequence[str] = CONTEXT_FEATURES) -> np.ndarray:
+    """Feature matrix (n_units, len(names)) from first-stage ``logits`` (n_units,); non-candidate rows get zeros."""
+    unknown = [n for n in names if n not in CONTEXT_FEATURES]
+    if unknown:
+        raise ValueError(f"unknown context feature(s) {unknown}; known: {list(CONTEXT_FEATURES)}")
+    z = np.asarray(logits, dtype=np.float64)
+    n = units.n_units
+    if z.shape != (n,):
+        raise ValueError(f"{z.shape} logits for {n} units")
+    cand = units.candidate
+    out = np.zeros((n, len(CONTEXT_FEATURES)), dtype=np.float64)
+    if not cand.any():
+        return out[:, [CONTEXT_FEATURES.index(x) for x in names]].astype(np.float32)
+    floor = float(z[cand].min())
+    top = float(z[cand].max())
+    doc_best = np.full(units.n_docs, floor)
+    per_doc: list[np.ndarray] = []
+    for d in range(units.n_docs):
+        rows = np.asarray([r for r in units.rows(d) if cand[r]], dtype=np.int64)
+        per_doc.append(rows)
+        if rows.size:
+            doc_best[d] = z[rows].max()
+    doc_rank = np.empty(units.n_docs)
+    doc_rank[np.argsort(-doc_best, kind="stable")] = np.arange(units.n_docs)
+    titles = _titles(units)
+    patterns = [_title_pattern(t) if t else None for t in titles]
+    # mentions[r, d]: candidate unit r (of another document) names document d's title
+    named_by = np.full(units.n_docs, floor)
+    names_other = np.full(n, floor)
+    for d, pat in enumerate(patterns):
+        if pat is None:
+            continue
+        for r in np.flatnonzero(cand):
+            if int(units.doc[r]) != d and pat.search(units.texts[r]):
+                named_by[d] = max(named_by[d], z[r])
+                names_other[r] = max(names_other[r], doc_best[d])
+    for d, rows in enumerate(per_doc):
+        k = rows.size
+        if not k:
+            continue
+        zs = z[rows]
+        order = np.argsort(-zs, kind="stable")
+        rank = np.empty(k)
+        rank[order] = np.arange(k)
+        for i, r in enumerate(rows):
+            others = np.delete(zs, i)
+            out[r] = (
+                zs[i],
+                zs[i - 1] if i > 0 else floor,
+                zs[i + 1] if i + 1 < k else floor,
+                others.max() if others.size else floor,
+                doc_rank[d] / max(units.n_docs - 1, 1),
+                zs[i] - top,
+                rank[i] / max(k - 1, 1),
+                named_by[d],
+                names_other[r],
+            )
+    return out[:, [CONTEXT_FEATURES.index(x) for x in names]].astype(np.float32)

@@ -1,0 +1,341 @@
+"""``POST /v1/compress``: the compress-only sidecar. A gateway sends a question and its retrieved documents and
+gets the optimized documents back (kept text, kept spans as character offsets into the input, scores, tokens
+before and after, the tier that ran, timings), then makes its own LLM call.
+
+The request and response are the pydantic models below; their JSON schema is served at
+``GET /v1/compress/schema`` and committed as ``docs/compress.schema.json`` (:func:`compress_schema`). The route
+only translates: the optimization runs through the same :class:`~rag_opt.server.engine.Engine` as chat
+completions (worker pool, micro-batching, the lexical tier when the model is saturated, time budget, work
+limits), behind the same key check, body limit and metrics.
+
+Outcomes: ``optimized`` / ``optimized_lexical`` (by the proxy model / the lexical tier), ``unchanged`` (the
+budget asked for no compression), ``fail_open`` (the optimizer could not help: the documents come back as sent,
+with ``reason``, as the proxy forwards a chat request unoptimized). Invalid input is a 400 whose OpenAI-style
+error names the field (``param``); with ``--on-overload reject`` an overload is a 429.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any, Literal
+
+import anyio.to_thread
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from rag_opt.errors import InvalidInputError
+from rag_opt.inputs import check_documents
+from rag_opt.server.engine import Attempt, Engine, Job, TierChoice, overloaded_response
+from rag_opt.server.errors import Overloaded, error_response
+from rag_opt.server.pool import off_loop
+from rag_opt.server.state import ProxyState
+from rag_opt.text.language import check_language
+from rag_opt.types import Budget, OptimizeResult, OrderingName, Timings, check_ordering
+
+__all__ = [
+    "COMPRESS_PATH",
+    "SCHEMA_PATH",
+    "CompressBudget",
+    "CompressDocument",
+    "CompressRequest",
+    "CompressResponse",
+    "CompressTimings",
+    "Compressor",
+    "OutputDocument",
+    "compress_schema",
+    "schema_json",
+]
+
+logger = logging.getLogger(__name__)
+
+COMPRESS_PATH = "/v1/compress"
+SCHEMA_PATH = "/v1/compress/schema"
+_STRICT = ConfigDict(extra="forbid")
+_DOC_MODEL = "CompressDocument"  # the tag of a document object's errors
+
+
+class CompressDocument(BaseModel):
+    """One retrieved document (a plain string is the same as ``{"text": ...}``)."""
+
+    model_config = _STRICT
+
+    text: str = Field(description="the document's text (not empty)")
+    id: str | None = Field(default=None, description="your id for it (default: its index in the list, as a string)")
+    title: str | None = Field(default=None, description="its title: helps scoring, not part of the text")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="returned unchanged")
+
+
+class CompressBudget(BaseModel):
+    """How much to keep: at most one of ``ratio``, ``target_tokens`` and ``threshold`` (rag_opt.Budget)."""
+
+    model_config = _STRICT
+
+    ratio: float | None = Field(default=None, gt=0, le=1, description="fraction of context tokens to keep")
+    target_tokens: int | None = Field(default=None, ge=0, description="context tokens to keep (target tokenizer)")
+    threshold: float | None = Field(
+        default=None, ge=0, le=1, description="keep sentences whose relevance probability is at least this"
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> CompressBudget:
+        self.budget()  # at most one limit
+        return self
+
+    def budget(self) -> Budget:
+        return Budget(ratio=self.ratio, target_tokens=self.target_tokens, threshold=self.threshold)
+
+
+class CompressRequest(BaseModel):
+    """The body of ``POST /v1/compress``."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"title": "rag-opt compress request"})
+
+    question: str = Field(min_length=1, description="the question the documents should answer")
+    documents: list[str | CompressDocument] = Field(min_length=1, description="the retrieved documents, in order")
+    budget: CompressBudget | None = Field(default=None, description="default: the server's budget (--ratio, ...)")
+    ordering: OrderingName | None = Field(default=None, description="document ordering (default: the server's)")
+    target: str | None = Field(
+        default=None,
+        description="the LLM the context is for: budgets and token counts are in its tokenizer (an OpenAI model or "
+        "tiktoken encoding name, or hf:<tokenizer>; default: the server's --target)",
+    )
+    language: str | None = Field(
+        default=None,
+        description="ISO 639 code of the documents' language (en, de, pt-BR, ...): segmentation and BM25 "
+        "stopwords follow it (default: the server's --language)",
+    )
+    tier: TierChoice = Field(
+        default="auto",
+        description="auto: the proxy model, the lexical tier when it cannot take the request (saturated, loading, "
+        "over its time budget); model: the proxy model only; lexical: the lexical tier only (no model, milliseconds)",
+    )
+
+    @field_validator("question")
+    @classmethod
+    def _question(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("the question is blank")
+        return v
+
+    @field_validator("language")
+    @classmethod
+    def _language(cls, v: str | None) -> str | None:
+        return None if v is None else check_language(v)
+
+    @field_validator("ordering")
+    @classmethod
+    def _ordering(cls, v: str | None) -> str | None:
+        return None if v is None else check_ordering(v)
+
+    def as_documents(self) -> list[dict[str, Any]]:
+        """The documents as the optimizer takes them."""
+        return [{"text": d} if isinstance(d, str) else d.model_dump(exclude_none=True) for d in self.documents]
+
+
+class OutputDocument(BaseModel):
+    """One document as it goes to the LLM."""
+
+    id: str = Field(description="the input id, or the input index as a string")
+    index: int = Field(description="its position in the request's documents")
+    text: str = Field(description="the kept text: its kept spans of the input text, verbatim, joined")
+    title: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict, description="the input metadata, unchanged")
+    score: float | None = Field(default=None, description="document relevance (when scoring ran)")
+    kept_spans: list[tuple[int, int]] = Field(
+        description="[start, end) character offsets into the input text of the kept pieces, in order"
+    )
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+
+
+class CompressTimings(BaseModel):
+    """Milliseconds."""
+
+    total_ms: float = Field(description="from the start of the optimization to the answer, queueing included")
+    optimizer: Timings | None = Field(default=None, description="the optimizer's stages (none on fail-open)")
+
+
+class CompressResponse(BaseModel):
+    """The answer of ``POST /v1/compress``."""
+
+    model_config = ConfigDict(json_schema_extra={"title": "rag-opt compress response"})
+
+    status: Literal["optimized", "optimized_lexical", "unchanged", "fail_open"] = Field(
+        description="optimized (proxy model), optimized_lexical (lexical tier), unchanged (no compression asked "
+        "for) or fail_open (the documents as sent: see reason)"
+    )
+    reason: str | None = Field(
+        default=None, description="why it failed open, or why the lexical tier ran instead of the model"
+    )
+    tier: Literal["model", "lexical", "none"] = Field(description="the tier that scored (none: nothing scored)")
+    documents: list[OutputDocument] = Field(description="the kept documents, in output order")
+    dropped: list[str] = Field(default_factory=list, description="ids of the documents with nothing kept")
+    tokens_before: int | None = Field(description="context tokens sent (target tokenizer; null on fail-open)")
+    tokens_after: int | None = Field(description="context tokens kept (target tokenizer; null on fail-open)")
+    token_budget: int | None = None
+    target_tokenizer: str | None = None
+    ordering: str
+    language: str
+    timings: CompressTimings
+    warnings: list[str] = Field(default_factory=list)
+
+
+def compress_schema() -> dict[str, Any]:
+    """The JSON schema of the request and the response (``docs/compress.schema.json``)."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "rag-opt POST /v1/compress",
+        "request": CompressRequest.model_json_schema(),
+        "response": CompressResponse.model_json_schema(),
+    }
+
+
+def _output(result: OptimizeResult) -> tuple[list[OutputDocument], list[str]]:
+    docs = [
+        OutputDocument.model_validate(d.model_dump(include=set(OutputDocument.model_fields))) for d in result.documents
+    ]
+    return docs, [d.id for d in result.dropped]
+
+
+def _as_sent(documents: list[dict[str, Any]]) -> list[OutputDocument]:
+    """The documents as they came (fail-open)."""
+    return [
+        OutputDocument(
+            id=str(d.get("id", i)),
+            index=i,
+            text=d["text"],
+            title=d.get("title"),
+            metadata=d.get("metadata", {}),
+            kept_spans=[(0, len(d["text"]))],
+        )
+        for i, d in enumerate(documents)
+    ]
+
+
+class Compressor:
+    """The ``/v1/compress`` flow of one app."""
+
+    def __init__(self, state: ProxyState, engine: Engine) -> None:
+        self.state = state
+        self.engine = engine
+
+    def _refused(self, message: str, param: str | None, code: str = "invalid_request", status: int = 400) -> Response:
+        self.state.metrics.compress_outcome("rejected")
+        self.state.metrics.local_error("invalid_request")
+        return error_response(status, message, "invalid_request_error", code, param)
+
+    def _invalid(self, exc: ValidationError) -> Response:
+        """The 400 for the first problem pydantic found, named by its place (``documents.2.text``)."""
+        errors = exc.errors()
+        # a document is a string or an object: for an object, its own problem (not "should be a string")
+        inside = [e for e in errors if _DOC_MODEL in e["loc"] and e["loc"][-1] != _DOC_MODEL]
+        err = inside[0] if inside else errors[0]
+        if err["type"] == "json_invalid":
+            return self._refused(f"the request body is not valid JSON: {err['msg']}", None, "invalid_json")
+        where = ".".join(str(p) for p in err["loc"] if p not in ("str", _DOC_MODEL)) or None
+        if err["type"] == "extra_forbidden":
+            msg, code = "unknown field", "unknown_parameter"
+        elif err["type"] == "missing":
+            msg, code = "missing (required)", "missing_required_parameter"
+        elif "str" in err["loc"] or _DOC_MODEL in err["loc"]:
+            msg, code = "a document must be a string or an object {text, id?, title?, metadata?}", "invalid_type"
+        else:
+            msg, code = err["msg"].removeprefix("Value error, "), "invalid_value"
+        return self._refused(f"{where}: {msg}" if where else msg, where, code)
+
+    async def handle(self, request: Request, raw: bytes) -> Response:
+        """Answer one compress request whose body is ``raw``."""
+        try:
+            req = await off_loop(len(raw), lambda: CompressRequest.model_validate_json(raw))
+        except ValidationError as exc:
+            return self._invalid(exc)
+        documents = req.as_documents()
+        try:
+            check_documents(documents)
+        except InvalidInputError as exc:
+            return self._refused(str(exc), "documents")
+        s = self.state.settings
+        job = Job(
+            req.question,
+            documents,
+            req.budget.budget() if req.budget is not None else s.budget,
+            req.ordering or s.ordering,
+            language=req.language,
+            target=req.target,
+            tier=req.tier,
+        )
+        if req.tier == "lexical" and not self.engine.lexical_available(job.ordering):
+            why = self.engine.no_lexical_note(job.ordering) or "the lexical tier is off on this server"
+            return self._refused(f"tier: {why}", "tier")
+        if req.target is not None and (refused := await self._check_target(req.target)) is not None:
+            return refused
+        try:
+            attempt = await self.engine.run(job)
+        except Overloaded as exc:  # --on-overload reject, and no lexical tier
+            self.state.metrics.compress_outcome("overloaded")
+            return overloaded_response(exc, s.time_budget_ms)
+        return JSONResponse(self._answer(job, attempt).model_dump(mode="json"))
+
+    async def _check_target(self, target: str) -> Response | None:
+        """A 400 for a target tokenizer that cannot be loaded (None: it can)."""
+        from rag_opt.text.tokens import get_token_counter
+
+        try:
+            await anyio.to_thread.run_sync(get_token_counter, target)
+        except (ValueError, RuntimeError, OSError) as exc:
+            return self._refused(f"target: the tokenizer {target!r} cannot be loaded ({exc})", "target")
+        return None
+
+    def _answer(self, job: Job, attempt: Attempt) -> CompressResponse:
+        s = self.state.settings
+        # the language used: the request's, else the optimizer's own (the server's --language, for the one it built)
+        language = job.language or getattr(self.state.optimizer, "language", None) or s.language
+        common: dict[str, Any] = {"ordering": job.ordering, "language": language}
+        result = attempt.result
+        if result is None:
+            self.state.metrics.compress_outcome("fail_open")
+            return CompressResponse(
+                status="fail_open",
+                reason=attempt.told,
+                tier="none",
+                documents=_as_sent(job.documents),
+                tokens_before=None,
+                tokens_after=None,
+                target_tokenizer=job.target,
+                timings=CompressTimings(total_ms=attempt.elapsed_ms()),
+                **common,
+            )
+        lexical = attempt.tier == "lexical"
+        if result.tier == "none":
+            status: Literal["optimized", "optimized_lexical", "unchanged"] = "unchanged"
+        else:
+            status = "optimized_lexical" if lexical else "optimized"
+        ms = self.engine.record(attempt, len(job.documents), job.target or result.target_tokenizer)
+        self.state.metrics.compress_outcome(status)
+        docs, dropped = _output(result)
+        return CompressResponse(
+            status=status,
+            reason=attempt.reason if lexical else None,
+            tier=result.tier,
+            documents=docs,
+            dropped=dropped,
+            tokens_before=result.tokens_before,
+            tokens_after=result.tokens_after,
+            token_budget=result.token_budget,
+            target_tokenizer=result.target_tokenizer,
+            timings=CompressTimings(total_ms=ms, optimizer=result.timings),
+            warnings=result.warnings,
+            **common,
+        )
+
+
+def schema_json() -> str:
+    """:func:`compress_schema` as the committed file's text."""
+    return json.dumps(compress_schema(), indent=2, ensure_ascii=False) + "\n"
+
+
+if __name__ == "__main__":  # python -m rag_opt.server.compress > docs/compress.schema.json
+    sys.stdout.write(schema_json())

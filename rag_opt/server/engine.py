@@ -1,0 +1,273 @@
+"""One optimization for a route, by the tier that can take it: the proxy model on the worker pool (micro-batched,
+within the time budget), the lexical tier when the model cannot take it, or nothing (fail-open).
+
+Every route that optimizes context (chat completions, Anthropic messages and OpenAI responses through
+:class:`~rag_opt.server.flow.ContextFlow`, and ``/v1/compress``) goes through :meth:`Engine.run` of the app's one
+engine, so they share the pool, the lexical tier, the work limits and the metrics. The engine only decides which tier
+runs and translates the pool's answers; what to do with the result (write it back into a request, answer it as
+JSON) is the route's.
+
+The decisions, in order: a proxy model that failed to load fails open (``unavailable``); more than
+``--max-documents`` documents fail open without being queued (``limit``); with the lexical tier available (on,
+the optimizer has one, the ordering does not need the proxy model's attention) it runs instead of the model while
+the model is loading (``loading``) or for a context over ``--lexical-over-tokens`` (``size``), and when the pool
+does not admit the job (``overload``) or its time budget runs out (``timeout``). Without it, an overload fails
+open, or raises :class:`~rag_opt.server.errors.Overloaded` with ``--on-overload reject`` (the route answers 429);
+a timeout, an error or a context over the work limits fail open.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import anyio.to_thread
+from starlette.responses import Response
+
+from rag_opt.errors import WorkLimitExceeded
+from rag_opt.models.threads import available_cores
+from rag_opt.server.errors import BudgetExceeded, ErrorFormat, Overloaded, error_response
+from rag_opt.server.pool import off_loop, retry_after_s
+from rag_opt.server.state import ProxyState
+from rag_opt.types import Budget
+from rag_opt.work import WorkLimits, scope
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.types import OptimizeResult
+
+__all__ = ["MODEL_ORDERINGS", "Attempt", "Engine", "Job", "TierChoice", "overloaded_response"]
+
+logger = logging.getLogger(__name__)
+
+MODEL_ORDERINGS = frozenset({"calibrated", "attention_sort"})  # orderings that need the proxy model's attention
+TierChoice = Literal["auto", "model", "lexical"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """What to optimize and how. ``language`` / ``target`` None: the optimizer's own. ``tier``: ``auto`` (the
+    proxy model, the lexical tier when the model cannot take it), ``model`` (never the lexical tier) or
+    ``lexical`` (the lexical tier only)."""
+
+    query: str
+    documents: list[dict[str, Any]]
+    budget: Budget
+    ordering: str
+    language: str | None = None
+    target: str | None = None
+    tier: TierChoice = "auto"
+
+    def settings(self) -> dict[str, Any]:
+        """The keyword arguments of ``optimize`` (per-request ``language`` / ``target`` only when given: an
+        optimizer passed to ``create_app`` need not take them)."""
+        out: dict[str, Any] = {"ordering": self.ordering, **self.budget.as_kwargs()}
+        if self.language is not None:
+            out["language"] = self.language
+        if self.target is not None:
+            out["target"] = self.target
+        return out
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What :meth:`Engine.run` did: ``result`` (None: nothing, fail-open for ``reason``), ``reason`` (why it failed
+    open, or why the lexical tier ran), ``note`` (more about a fail-open) and ``t0`` (``time.perf_counter()`` when
+    it began)."""
+
+    result: OptimizeResult | None
+    t0: float
+    reason: str | None = None
+    note: str | None = None
+
+    @property
+    def tier(self) -> str:
+        """``model`` or ``lexical``: the tier that scored (``model`` also when nothing was scored)."""
+        return "lexical" if getattr(self.result, "tier", "model") == "lexical" else "model"
+
+    @property
+    def told(self) -> str | None:
+        """The reason with its note, for ``x-ragopt-reason`` / a response's ``reason``."""
+        return f"{self.reason}; {self.note}" if self.note and self.reason else self.reason
+
+    def elapsed_ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1e3
+
+
+def overloaded_response(exc: Overloaded, time_budget_ms: float, fmt: ErrorFormat = "openai") -> Response:
+    """The 429 (with ``Retry-After``) for a job not admitted under ``--on-overload reject``, in the route's error
+    shape ``fmt``."""
+    retry = retry_after_s(exc.estimate_s, time_budget_ms / 1e3)
+    return error_response(
+        429,
+        "rag-opt's optimizer is overloaded; retry later (the proxy runs with --on-overload reject)",
+        "rate_limit_error",
+        "ragopt_overloaded",
+        headers={"retry-after": str(retry)},
+        fmt=fmt,
+    )
+
+
+class Engine:
+    """The optimization tiers of one app (see the module docstring)."""
+
+    def __init__(self, state: ProxyState) -> None:
+        self.state = state
+        self._lexical_limiter: anyio.CapacityLimiter | None = None  # created on the event loop, on first use
+
+    def lexical_available(self, ordering: str) -> bool:
+        """Whether the lexical tier can serve ``ordering`` here."""
+        return self.state.lexical_tier and ordering not in MODEL_ORDERINGS
+
+    def no_lexical_note(self, ordering: str) -> str | None:
+        """Why the lexical tier did not step in (a note for the reason), or None when it is off."""
+        if self.state.lexical_tier and ordering in MODEL_ORDERINGS:
+            return f"the lexical tier cannot serve ordering={ordering} (it needs the proxy model)"
+        return None
+
+    def record(self, attempt: Attempt, documents_before: int, model: str | None) -> float:
+        """Count a finished optimization in the metrics; returns its milliseconds so far."""
+        result = attempt.result
+        assert result is not None
+        ms = attempt.elapsed_ms()
+        self.state.metrics.optimization(
+            ms / 1e3,
+            result.tokens_before,
+            result.tokens_after,
+            documents_before,
+            len(result.documents),
+            attempt.tier,
+            model=model,
+        )
+        return ms
+
+    def failed(self, reason: str, t0: float, note: str | None = None) -> Attempt:
+        """A fail-open outcome, counted (``ragopt_fail_open_total{reason}``)."""
+        self.state.metrics.failed_open(reason)
+        return Attempt(None, t0, reason, note)
+
+    async def run(self, job: Job) -> Attempt:
+        """Optimize ``job`` by the tier that can take it; never raises but
+        :class:`~rag_opt.server.errors.Overloaded` (with ``--on-overload reject`` and no lexical tier)."""
+        state, s = self.state, self.state.settings
+        t0 = time.perf_counter()
+        if job.tier == "lexical":
+            return await self._lexical(job, None, t0)
+        if state.optimizer_state == "failed":
+            return self.failed("unavailable", t0)
+        if len(job.documents) > s.max_documents:  # never queued
+            logger.warning(
+                "a request has %d context documents, more than --max-documents %d: not optimizing it",
+                len(job.documents),
+                s.max_documents,
+            )
+            return self.failed("limit", t0)
+        lexical = job.tier == "auto" and self.lexical_available(job.ordering)
+        if lexical and state.optimizer_state == "loading":  # the proxy model is not loaded yet
+            return await self._lexical(job, "loading", t0)
+        if lexical and s.lexical_over_tokens is not None and await self._over_size(job, s.lexical_over_tokens):
+            return await self._lexical(job, "size", t0)
+        try:
+            result = await self._optimize(job)
+        except Overloaded as exc:
+            state.metrics.shed_load(exc.reason)
+            if lexical:
+                return await self._lexical(job, "overload", t0)
+            if s.on_overload == "reject":
+                raise
+            logger.info("optimizer overloaded (%s); not optimizing the request", exc.reason)
+            return self.failed("overload", t0, self.no_lexical_note(job.ordering))
+        except BudgetExceeded as exc:
+            state.metrics.timed_out(exc.stage)
+            if lexical:
+                return await self._lexical(job, "timeout", t0)
+            logger.warning(
+                "optimization exceeded the %.0f ms time budget (%s); not optimizing the request",
+                s.time_budget_ms,
+                exc.stage,
+            )
+            return self.failed("timeout", t0, self.no_lexical_note(job.ordering))
+        except Exception as exc:
+            return self._gave_up(exc, t0, "optimization")
+        return Attempt(result, t0)
+
+    def _gave_up(self, exc: Exception, t0: float, what: str) -> Attempt:
+        """The fail-open outcome of a run that raised ``exc``: ``limit`` past the work limits, else ``error``."""
+        if isinstance(exc, WorkLimitExceeded):
+            logger.warning("%s: not optimizing the request", exc)
+            return self.failed("limit", t0)
+        logger.warning("%s failed (%s); not optimizing the request", what, self.state.why(exc))
+        return self.failed("error", t0)
+
+    def _limits(self) -> WorkLimits:
+        s = self.state.settings
+        return WorkLimits(max_units=s.max_units, max_proxy_tokens=s.max_proxy_tokens)
+
+    async def _lexical(self, job: Job, reason: str | None, t0: float) -> Attempt:
+        """Optimize with the lexical tier (no model, milliseconds) on a thread, off the event loop and outside the
+        model's pool; fail-open if that fails too. ``reason``: why it runs instead of the model (None: asked
+        for)."""
+        state = self.state
+        if reason is not None:
+            state.metrics.lexical_used(reason)
+        optimizer, limits, settings = state.optimizer, self._limits(), job.settings()
+
+        def work() -> OptimizeResult:
+            with scope(limits=limits):
+                return optimizer.optimize(job.query, job.documents, tier="lexical", **settings)  # type: ignore[call-arg]
+
+        try:
+            if self._lexical_limiter is None:  # as many at once as there are cores: few threads, little memory
+                self._lexical_limiter = anyio.CapacityLimiter(available_cores())
+            result = await anyio.to_thread.run_sync(work, limiter=self._lexical_limiter)
+        except Exception as exc:
+            return self._gave_up(exc, t0, "lexical optimization")
+        return Attempt(result, t0, reason)
+
+    async def _over_size(self, job: Job, limit: int) -> bool:
+        """Whether the context has more than ``limit`` target tokens (False when they cannot be counted)."""
+        counter = getattr(self.state.optimizer, "counter", None)
+        texts = [str(d.get("text", "")) for d in job.documents]
+        try:
+            if job.target is not None and counter is not None:
+                from rag_opt.text.tokens import get_token_counter
+
+                counter = get_token_counter(job.target)
+            if counter is None:
+                return False
+            count = counter.count
+            n = await off_loop(sum(map(len, texts)), lambda: sum(count(t) for t in texts))
+        except Exception as exc:  # counting is a hint only
+            logger.warning("counting the context's tokens failed (%s)", self.state.why(exc))
+            return False
+        return bool(n > limit)
+
+    async def _optimize(self, job: Job) -> OptimizeResult:
+        """Run the optimizer on the pool within the time budget (raises Overloaded / BudgetExceeded / its error)."""
+        state = self.state
+        optimizer, limits, settings = state.optimizer, self._limits(), job.settings()
+        budget_s = state.settings.time_budget_ms / 1e3
+
+        def one() -> OptimizeResult:
+            with scope(limits=limits):
+                return optimizer.optimize(job.query, job.documents, **settings)
+
+        def batch(items: list[tuple[str, list[dict[str, Any]]]]) -> list[OptimizeResult]:
+            """Several questions with the same settings as one ``optimize_batch`` call (one alone: ``optimize``)."""
+            with scope(limits=limits):
+                if len(items) == 1:
+                    return [optimizer.optimize(items[0][0], items[0][1], **settings)]
+                run = optimizer.optimize_batch  # type: ignore[attr-defined]
+                out: list[OptimizeResult] = run([q for q, _ in items], [d for _, d in items], **settings)
+                return out
+
+        state.metrics.add_in_flight(1)
+        try:
+            if state.batching:
+                key = tuple(sorted(settings.items()))
+                return await state.pool.run_batched(key, (job.query, job.documents), batch, budget_s)
+            return await state.pool.run(one, budget_s)
+        finally:
+            state.metrics.add_in_flight(-1)
