@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,3 +41,37 @@ EXAMPLE_DOCS = [
     json.loads(line) for line in (EXAMPLES / "hotpotqa_docs.jsonl").read_text().splitlines() if line.strip()
 ]
 EXAMPLE_QUESTION = (EXAMPLES / "hotpotqa_question.txt").read_text().strip()
+
+
+def blocks(docs: list[dict[str, Any]]) -> str:
+    """Documents as ``<document id=".." title="..">`` blocks, one per line."""
+    return "\n".join(f'<document id="{d["id"]}" title="{d["title"]}">\n{d["text"]}\n</document>' for d in docs)
+
+
+def assert_verbatim(kept: str, source: str) -> None:
+    """``kept`` is pieces of ``source`` (each at least a few words), verbatim and in order."""
+    pos, i = 0, 0
+    while i < len(kept):
+        lo, hi = i + 1, len(kept)  # longest kept[i:j] found in source[pos:] (presence is monotone in j)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if kept[i:mid] in source[pos:] else (lo, mid - 1)
+        piece = kept[i:lo]
+        assert piece in source[pos:] and (len(piece) >= 12 or lo == len(kept)), f"not verbatim: {kept[i:]!r}"
+        pos = source.index(piece, pos) + len(piece)
+        i = lo
+
+
+class Recording:
+    """An optimizer for the server tests: passes every call on to ``inner`` and records its keyword arguments."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[dict[str, Any]] = []
+
+    def optimize(self, query: str, documents: Any, **kwargs: Any) -> Any:
+        self.calls.append(kwargs)
+        return self.inner.optimize(query, documents, **kwargs)
+
+    def lexical_scorer(self) -> Any:
+        return self.inner.lexical_scorer()

@@ -25,7 +25,7 @@ from rag_opt.server.documents import plan_request
 from rag_opt.server.errors import RequestError
 from rag_opt.server.settings import ProxySettings
 from rag_opt.types import OptimizeResult, OutputDocument
-from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION
+from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION, assert_verbatim, blocks
 from tests.upstream_server import (
     ERROR_400,
     ERROR_500,
@@ -45,26 +45,8 @@ INSTRUCTION = "Answer from these documents only.\n\n"
 BLOCK = re.compile(r"<document(?P<attrs>[^>]*)>(?P<body>.*?)</document>", re.DOTALL)
 
 
-def blocks(docs: list[dict[str, Any]]) -> str:
-    return "\n".join(f'<document id="{d["id"]}" title="{d["title"]}">\n{d["text"]}\n</document>' for d in docs)
-
-
 def user_content(docs: list[dict[str, Any]] = DOCS) -> str:
     return f"{INSTRUCTION}{blocks(docs)}\n\nQuestion: {QUESTION}"
-
-
-def assert_verbatim(kept: str, source: str) -> None:
-    """``kept`` is pieces of ``source`` (each at least a few words), verbatim and in order."""
-    pos, i = 0, 0
-    while i < len(kept):
-        lo, hi = i + 1, len(kept)  # longest kept[i:j] found in source[pos:] (presence is monotone in j)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if kept[i:mid] in source[pos:] else (lo, mid - 1)
-        piece = kept[i:lo]
-        assert piece in source[pos:] and (len(piece) >= 12 or lo == len(kept)), f"not verbatim: {kept[i:]!r}"
-        pos = source.index(piece, pos) + len(piece)
-        i = lo
 
 
 def assert_compressed(original: str, new: str, docs: list[dict[str, Any]] = DOCS) -> None:
@@ -573,7 +555,7 @@ def test_where_context_is_looked_for():
     ]
     plan = plan_request(json.dumps({"messages": messages}).encode(), {}, tool_min_chars=100)
     assert plan is not None and plan.query == "q1"
-    found = [(plan.containers[d.container].message, d.text) for d in plan.documents if d.container is not None]
+    found = [(plan.containers[d.container].path[1], d.text) for d in plan.documents if d.container is not None]
     assert found == [(0, "In the system prompt."), (4, "Current turn."), (5, long_tool.strip())]
     assert plan_request(json.dumps({"messages": messages}).encode(), {}, tool_messages=False).documents[-1].text == (
         "Current turn."

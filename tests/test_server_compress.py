@@ -19,7 +19,7 @@ from rag_opt.server.errors import RequestError
 from rag_opt.server.request import parse_request
 from rag_opt.server.settings import ProxySettings
 from rag_opt.text.units import join_spans
-from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION
+from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION, Recording
 from tests.upstream_server import parse_metrics
 
 pytestmark = pytest.mark.anyio
@@ -38,21 +38,6 @@ def optimizer() -> Any:
     from rag_opt import ContextOptimizer
 
     return ContextOptimizer()
-
-
-class Recording:
-    """Passes every call on to ``inner`` and records its keyword arguments."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.calls: list[dict[str, Any]] = []
-
-    def optimize(self, query: str, documents: Any, **kwargs: Any) -> Any:
-        self.calls.append(kwargs)
-        return self.inner.optimize(query, documents, **kwargs)
-
-    def lexical_scorer(self) -> Any:
-        return self.inner.lexical_scorer()
 
 
 class Raising:

@@ -15,6 +15,11 @@ It records every request it receives (method, path, headers, raw body bytes) and
   (a load balancer's error, not JSON);
 - otherwise a ``chat.completion`` whose content is ``ok``.
 
+``POST /v1/messages`` (Anthropic's Messages API) and ``POST /v1/responses`` (OpenAI's Responses API) answer in
+their API's shape: ``error-400`` / ``error-500`` as above (Anthropic's error shape on messages), ``stream: true``
+as that API's server-sent events with the text ``Hel`` + ``lo`` (``gated`` as above, after the ``Hel`` event),
+otherwise a message / response whose text is ``ok``.
+
 Also ``GET /v1/models``, ``POST /v1/embeddings`` and ``POST /v1/completions``. :class:`ServerThread` runs any
 ASGI app under uvicorn on 127.0.0.1 in a background thread.
 """
@@ -79,6 +84,85 @@ def _completion(content: str) -> dict[str, Any]:
 
 
 ERROR_400 = {"error": {"message": "bad thing", "type": "invalid_request_error", "param": "model", "code": "bad"}}
+ANTHROPIC_400 = {"type": "error", "error": {"type": "invalid_request_error", "message": "bad thing"}}
+ANTHROPIC_500 = {"type": "error", "error": {"type": "api_error", "message": "upstream broke"}}
+_MESSAGE = {"id": "msg_test", "type": "message", "role": "assistant", "model": "fake-llm", "stop_sequence": None}
+_RESPONSE = {"id": "resp_test", "object": "response", "created_at": 0, "model": "fake-llm", "tools": []}
+
+
+def _anthropic(text: str | None) -> dict[str, Any]:
+    """A Messages API message: its text (None: empty, as in ``message_start``)."""
+    content = [{"type": "text", "text": text}] if text is not None else []
+    usage = {"input_tokens": 1, "output_tokens": 1}
+    return {**_MESSAGE, "content": content, "stop_reason": "end_turn" if text else None, "usage": usage}
+
+
+def _response(text: str | None) -> dict[str, Any]:
+    """A Responses API response: its output text (None: in progress, no output yet)."""
+    if text is None:
+        return {**_RESPONSE, "status": "in_progress", "output": []}
+    part = {"type": "output_text", "text": text, "annotations": []}
+    item = {"type": "message", "id": "msg_1", "status": "completed", "role": "assistant", "content": [part]}
+    return {**_RESPONSE, "status": "completed", "output": [item]}
+
+
+def _event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _messages_events(text: str) -> tuple[list[bytes], list[bytes]]:
+    """The Messages API stream of ``text`` (in two deltas): the events up to the first delta, and the rest."""
+    delta = {"type": "content_block_delta", "index": 0}
+    head = [
+        _event("message_start", {"type": "message_start", "message": _anthropic(None)}),
+        _event(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": _anthropic("")["content"][0]},
+        ),
+        _event("content_block_delta", {**delta, "delta": {"type": "text_delta", "text": text[:3]}}),
+    ]
+    tail = [
+        _event("content_block_delta", {**delta, "delta": {"type": "text_delta", "text": text[3:]}}),
+        _event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        _event(
+            "message_delta",
+            {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}},
+        ),
+        _event("message_stop", {"type": "message_stop"}),
+    ]
+    return head, tail
+
+
+def _responses_events(text: str) -> tuple[list[bytes], list[bytes]]:
+    """The Responses API stream of ``text`` (in two deltas): the events up to the first delta, and the rest."""
+    at = {"item_id": "msg_1", "output_index": 0, "content_index": 0, "logprobs": []}
+    head = [
+        _event("response.created", {"type": "response.created", "sequence_number": 0, "response": _response(None)}),
+        _event(
+            "response.output_text.delta",
+            {"type": "response.output_text.delta", "sequence_number": 1, "delta": text[:3], **at},
+        ),
+    ]
+    tail = [
+        _event(
+            "response.output_text.delta",
+            {"type": "response.output_text.delta", "sequence_number": 2, "delta": text[3:], **at},
+        ),
+        _event("response.completed", {"type": "response.completed", "sequence_number": 3, "response": _response(text)}),
+    ]
+    return head, tail
+
+
+# path: (error 400 body, error 500 body, the answer, the stream's events)
+APIS: dict[str, tuple[Any, Any, Any, Any]] = {
+    "/v1/messages": (ANTHROPIC_400, ANTHROPIC_500, _anthropic, _messages_events),
+    "/v1/responses": (
+        ERROR_400,
+        {"error": {"message": "upstream broke", "type": "server_error"}},
+        _response,
+        _responses_events,
+    ),
+}
 ERROR_500 = {"error": {"message": "upstream broke", "type": "server_error", "param": None, "code": None}}
 STREAM_ERROR = {"error": {"message": "upstream exploded mid-stream", "type": "server_error", "code": "boom"}}
 
@@ -137,6 +221,8 @@ class FakeUpstream:
                     "choices": [{"index": 0, "text": "ok", "finish_reason": "stop", "logprobs": None}],
                 },
             )  # noqa: E501
+        if path in APIS and scope["method"] == "POST":
+            return await self._api(path, json.loads(body), send)
         if path != "/v1/chat/completions":
             return await self._json(
                 send, 404, {"error": {"message": f"no route {path}", "type": "invalid_request_error"}}
@@ -188,6 +274,27 @@ class FakeUpstream:
         await send({"type": "http.response.body", "body": _chunk("lo"), "more_body": True})
         await send({"type": "http.response.body", "body": _chunk(None, "stop"), "more_body": True})
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+    async def _api(self, path: str, req: dict[str, Any], send: Any) -> None:
+        """Answer a Messages or Responses API request in its API's shape (see the module docstring)."""
+        error_400, error_500, answer, events = APIS[path]
+        model = req.get("model")
+        if model in ("error-400", "error-500"):
+            return await self._json(
+                send, 400 if model == "error-400" else 500, error_400 if model == "error-400" else error_500
+            )
+        if not req.get("stream"):
+            return await self._json(send, 200, answer("ok"))
+        head, tail = events("Hello")
+        start = {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+        await send(start)
+        for chunk in head:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if model == "gated":
+            self.gate_released = await anyio.to_thread.run_sync(self.gate.wait, 20.0)
+        for chunk in tail:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     @staticmethod
     async def _raw(

@@ -1,13 +1,15 @@
-"""The OpenAI-compatible HTTP proxy: optimizes the retrieved context inside chat requests and forwards them
-upstream.
+"""The HTTP proxy: optimizes the retrieved context inside OpenAI chat completions, Anthropic messages and OpenAI
+responses requests and forwards them upstream; ``POST /v1/compress`` optimizes documents for a gateway.
 
 ``rag-opt serve --upstream URL`` runs it; :func:`create_app` builds the ASGI app from :class:`ProxySettings`
 (needs the ``server`` extra: ``pip install 'rag-opt[server]'``). Nothing heavy is imported until used.
 
-Modules: :mod:`.app` (the ASGI app and its lifecycle), :mod:`.chat` (the chat completions flow), :mod:`.compress`
-(``POST /v1/compress``, the compress-only sidecar), :mod:`.engine` (which tier optimizes a request: the pool, the
-lexical tier, fail-open), :mod:`.request` (reading a request and its per-request options), :mod:`.documents` (the
-context inside the messages, and writing it back), :mod:`.markup` (finding document blocks in linear time),
+Modules: :mod:`.app` (the ASGI app and its lifecycle), :mod:`.flow` (the flow shared by the LLM API routes:
+find the context, optimize it, write it back, forward), :mod:`.chat`, :mod:`.anthropic_messages` and
+:mod:`.responses` (each API's context), :mod:`.compress` (``POST /v1/compress``, the compress-only sidecar),
+:mod:`.engine` (which tier optimizes a request, for every route: the pool, the lexical tier, fail-open),
+:mod:`.request` (reading a request and its per-request options), :mod:`.documents` (the context inside the
+messages, and writing it back), :mod:`.markup` (finding document blocks in linear time),
 :mod:`.json_edit` (editing the JSON body in place), :mod:`.paths` (plain request paths, upstream URLs),
 :mod:`.upstream` (forwarding and relaying), :mod:`.http` (the connection layer: read timeouts, connection limit),
 :mod:`.pool` (the optimizer's worker pool), :mod:`.state` (what one app holds), :mod:`.settings` (settings from the

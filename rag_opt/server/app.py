@@ -1,13 +1,18 @@
 """The OpenAI-compatible proxy as an ASGI app (Starlette): ``create_app(settings, optimizer=None)``.
 
-``POST /v1/chat/completions`` has its context optimized (:mod:`rag_opt.server.chat`) and is forwarded;
-``POST /v1/compress`` answers optimized documents as JSON (:mod:`rag_opt.server.compress`; its schema at
-``GET /v1/compress/schema``); every other ``/v1/...`` request is forwarded unchanged
-(:mod:`rag_opt.server.upstream`); ``GET /livez`` (the process is up), ``GET /readyz`` and ``GET /health`` (503
-until the proxy model has loaded or pass-through mode is settled), ``GET /healthz`` (always 200, with the
-optimizer's state), ``GET /metrics`` (Prometheus) and ``GET /stats`` (JSON totals) answer locally. No
+``POST /v1/chat/completions`` (:mod:`rag_opt.server.chat`), ``POST /v1/messages`` (the Anthropic Messages API,
+:mod:`rag_opt.server.anthropic_messages`) and ``POST /v1/responses`` (the OpenAI Responses API,
+:mod:`rag_opt.server.responses`) have their context optimized (:mod:`rag_opt.server.flow`, its tiers in
+:mod:`rag_opt.server.engine`) and are forwarded; ``POST /v1/compress`` answers optimized documents as JSON
+(:mod:`rag_opt.server.compress`, through the same engine; its schema at ``GET /v1/compress/schema``); every other
+``/v1/...`` request is forwarded unchanged (:mod:`rag_opt.server.upstream`); ``GET /livez`` (the process is up),
+``GET /readyz`` and ``GET /health`` (503 until the proxy model has loaded or pass-through mode is settled),
+``GET /healthz`` (always 200, with the optimizer's state), ``GET /metrics`` (Prometheus) and ``GET /stats`` (JSON
+totals) answer locally. No
 redirect is ever built from the client's ``Host``: a path with a trailing slash is refused, not redirected; and
-the chat path takes ``POST`` only (another method is a 405, never forwarded unvalidated).
+the optimized paths and ``/v1/compress`` take ``POST`` only, ``/v1/compress/schema`` ``GET`` only (another method is a
+405, never forwarded unvalidated). rag-opt's own
+error answers are OpenAI-style, except on ``/v1/messages``: Anthropic's shape.
 
 Reliability: optimization runs on a bounded worker pool with a bounded queue (:mod:`rag_opt.server.pool`), never
 on the event loop; a request that fails, exceeds the time budget or finds the optimizer overloaded is forwarded
@@ -36,12 +41,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from rag_opt.server.anthropic_messages import AnthropicMessages
 from rag_opt.server.chat import ChatCompletions
 from rag_opt.server.compress import COMPRESS_PATH, SCHEMA_PATH, Compressor, compress_schema
+from rag_opt.server.engine import Engine
 from rag_opt.server.errors import BodyTooLarge, error_response
+from rag_opt.server.flow import ContextFlow
 from rag_opt.server.logs import RepeatLimiter, limit_repeats
 from rag_opt.server.metrics import CONTENT_TYPE
-from rag_opt.server.paths import CHAT_PATH
+from rag_opt.server.paths import CHAT_PATH, MESSAGES_PATH, OPTIMIZED_PATHS, RESPONSES_PATH, error_format
+from rag_opt.server.responses import Responses
 from rag_opt.server.security import Guard, body_for_log, body_log, install_log_filters, redact_headers, too_large_body
 from rag_opt.server.settings import ProxySettings
 from rag_opt.server.state import Optimizer, ProxyState
@@ -95,7 +104,8 @@ async def _guarded(
         raw = await _read_body(request, state.settings.max_body_bytes)
     except BodyTooLarge:
         state.metrics.local_error("too_large")
-        return Response(too_large_body(state.settings.max_body_bytes), 413, media_type="application/json")
+        body = too_large_body(state.settings.max_body_bytes, error_format(request.url.path))
+        return Response(body, 413, media_type="application/json")
     except ClientDisconnect:
         return Response(status_code=499)
     if state.settings.log_bodies:
@@ -145,7 +155,8 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     leaf = _innermost(exc)
     frames = "".join(traceback.format_tb(leaf.__traceback__))
     logger.error("unexpected error (%s) at\n%s", type(leaf).__name__, frames)
-    return error_response(500, "internal error in the rag-opt proxy", "server_error", None)
+    fmt = error_format(request.url.path)
+    return error_response(500, "internal error in the rag-opt proxy", "server_error", None, fmt=fmt)
 
 
 class _ProxyApp(Starlette):
@@ -170,9 +181,18 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
     upstream).
     """
     state = ProxyState(settings, optimizer)
-    chat = ChatCompletions(state)
-    compressor = Compressor(state, chat.engine)
-    local_methods = {CHAT_PATH: "POST", COMPRESS_PATH: "POST", SCHEMA_PATH: "GET"}  # never forwarded
+    engine = Engine(state)  # one set of tiers (pool, lexical tier) for every route that optimizes
+    flows: dict[str, tuple[str, ContextFlow]] = {  # path: (the route's metrics label, its flow)
+        CHAT_PATH: ("chat_completions", ChatCompletions(state, engine)),
+        MESSAGES_PATH: ("messages", AnthropicMessages(state, engine)),
+        RESPONSES_PATH: ("responses", Responses(state, engine)),
+    }
+    compressor = Compressor(state, engine)
+    local_methods = {  # never forwarded
+        **dict.fromkeys(OPTIMIZED_PATHS, "POST"),
+        COMPRESS_PATH: "POST",
+        SCHEMA_PATH: "GET",
+    }
     install_log_filters()
 
     @contextlib.asynccontextmanager
@@ -187,8 +207,9 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
             finally:
                 await state.aclose()
 
-    async def chat_completions(request: Request) -> Response:
-        return await _guarded(state, request, "chat_completions", lambda raw: chat.handle(request, raw))
+    async def optimized(request: Request) -> Response:
+        route, flow = flows[request.scope["path"]]
+        return await _guarded(state, request, route, lambda raw: flow.handle(request, raw))
 
     async def compress(request: Request) -> Response:
         return await _guarded(state, request, "compress", lambda raw: compressor.handle(request, raw))
@@ -204,8 +225,14 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
         if path in local_methods:  # another method: never forwarded unvalidated
             state.metrics.local_error("invalid_request")
             allow = local_methods[path]
-            msg = f"{path} takes {allow} requests only"
-            return error_response(405, msg, "invalid_request_error", "method_not_allowed", headers={"allow": allow})
+            return error_response(
+                405,
+                f"{path} takes {allow} requests only",
+                "invalid_request_error",
+                "method_not_allowed",
+                headers={"allow": allow},
+                fmt=error_format(path),
+            )
         return await _guarded(state, request, "passthrough", lambda raw: state.upstream.forward(request, raw, []))
 
     async def healthz(request: Request) -> Response:
@@ -229,7 +256,7 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
         Route("/health", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/stats", stats, methods=["GET"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        *(Route(path, optimized, methods=["POST"]) for path in OPTIMIZED_PATHS),
         Route(COMPRESS_PATH, compress, methods=["POST"]),
         Route(SCHEMA_PATH, compress_schema_route, methods=["GET"]),
         Route("/v1/{path:path}", passthrough, methods=_METHODS),

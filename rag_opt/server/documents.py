@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +43,7 @@ from rag_opt.server.markup import parse_attributes, scan, strip_blocks
 from rag_opt.server.request import EXTENSION_FIELD, Options, parse_request
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rag_opt.types import OptimizeResult
+    from rag_opt.types import Document, OptimizeResult
 
 __all__ = [
     "SYSTEM_ROLES",
@@ -51,9 +51,12 @@ __all__ = [
     "Container",
     "ContextPlan",
     "Found",
+    "Placer",
     "has_lone_surrogate",
     "parse_attributes",
+    "place_first",
     "plan_request",
+    "texts_of",
 ]
 
 SYSTEM_ROLES = ("system", "developer")
@@ -105,12 +108,12 @@ class Found:
 
 @dataclass
 class Container:
-    """A JSON string that holds documents: ``messages[message].content`` or ``...content[part].text``."""
+    """A JSON string that holds documents, and where it is in the body (e.g. ``("messages", 2, "content")``)."""
 
-    message: int
-    part: int | None
+    path: JsonPath
     text: str
     whole: bool = False  # the whole text is one document (a large tool message)
+    item: JsonPath | None = None  # the content block removed when the text ends up blank (an API refuses those)
 
 
 def _optimizable(text: str) -> bool:
@@ -127,16 +130,36 @@ def _split_ws(body: str) -> tuple[str, str, str]:
     return lead, core, trail
 
 
-def _texts(content: Any) -> list[tuple[int | None, str]]:
+def texts_of(content: Any, path: JsonPath, part_type: str = "text") -> list[tuple[JsonPath, str]]:
+    """The texts of a message ``content`` at ``path``: the string itself, or the ``text`` of each part of type
+    ``part_type``, each with its path."""
     if isinstance(content, str):
-        return [(None, content)]
+        return [(path, content)]
     if isinstance(content, list):
         return [
-            (j, p["text"])
+            ((*path, j, "text"), p["text"])
             for j, p in enumerate(content)
-            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            if isinstance(p, dict) and p.get("type") == part_type and isinstance(p.get("text"), str)
         ]
     return []
+
+
+Placer = Callable[["ContextPlan", JsonEditor, dict[JsonPath, str], str], list[Edit]]
+"""Inserts the rendered extension documents (the text) into a request body of one API: a new value for a
+string goes into the dict (by path), anything else is an edit; raises RewriteError when there is no place."""
+
+
+def place_first(
+    editor: JsonEditor, values: dict[JsonPath, str], path: JsonPath, content: Any, part_type: str, text: str
+) -> list[Edit] | None:
+    """Put ``text`` first in the message ``content`` at ``path``: before a string content, or as a new first part
+    of type ``part_type``; None when the content is neither."""
+    if isinstance(content, str):
+        values[path] = text + "\n\n" + values.get(path, content)
+        return []
+    if isinstance(content, list) and editor.is_array(path):
+        return [editor.insert_first(path, {"type": part_type, "text": text})]
+    return None
 
 
 # -- the plan -----------------------------------------------------------------------------------------------
@@ -154,6 +177,72 @@ class ContextPlan:
     has_extension_field: bool = False
     # the extension documents in request order: an index into ``documents``, or an empty document (not optimized)
     extension: list[int | Found] = field(default_factory=list)
+    placer: Placer | None = None  # where the extension documents go (None: a chat completion's messages)
+
+    # -- finding (the planners of each API call these) --
+    def add_text(self, path: JsonPath, text: str, whole_min: int | None = None, item: JsonPath | None = None) -> None:
+        """The context in the string at ``path``: its non-empty ``<tag>`` blocks, each a document; without any,
+        the whole text as one document when ``whole_min`` is given and the text is at least that long. ``item``:
+        the array item (a content block) to remove instead of leaving this text blank."""
+        found = scan(text, self.tag).documents
+        blocks = [b for b in found if _optimizable(text[b.body_start : b.body_end])]
+        if not blocks:
+            if whole_min is not None and len(text.strip()) >= max(whole_min, 1):
+                self.add_whole(path, text, item=item)
+            return
+        self.containers.append(Container(path=path, text=text, item=item))
+        for b in blocks:
+            lead, core, trail = _split_ws(text[b.body_start : b.body_end])
+            self.documents.append(
+                Found(
+                    text=core,
+                    id=b.attrs.get("id"),
+                    title=b.attrs.get("title") or None,
+                    container=len(self.containers) - 1,
+                    start=b.start,
+                    end=b.end,
+                    open_tag=text[b.start : b.body_start],
+                    close_tag=text[b.body_end : b.end],
+                    lead=lead,
+                    trail=trail,
+                )
+            )
+
+    def add_whole(self, path: JsonPath, text: str, title: str | None = None, item: JsonPath | None = None) -> None:
+        """The whole string at ``path`` as one document (not when empty or not encodable); ``item``: as in
+        :meth:`add_text`."""
+        if not _optimizable(text):
+            return
+        lead, core, trail = _split_ws(text)
+        self.containers.append(Container(path=path, text=text, whole=True, item=item))
+        self.documents.append(
+            Found(text=core, title=title, container=len(self.containers) - 1, end=len(text), lead=lead, trail=trail)
+        )
+
+    def add_extension(self, ext_docs: list[Document]) -> None:
+        """The documents of the ``rag_opt`` field (rendered as blocks by :attr:`placer`)."""
+        for d in ext_docs:
+            if not _optimizable(d.text):  # an empty document is forwarded as it is, not optimized
+                self.extension.append(Found(text=d.text, id=d.id, title=d.title))
+                continue
+            extra: dict[str, Any] = {}
+            if d.metadata:
+                extra["metadata"] = d.metadata
+            if d.score is not None:
+                extra["score"] = d.score
+            self.extension.append(len(self.documents))
+            self.documents.append(Found(text=d.text, id=d.id, title=d.title, extra=extra))
+
+    def set_query(self, texts: list[str]) -> None:
+        """The question: the ``rag_opt.query`` option, else ``texts`` (those of the last user message) joined by
+        newlines with their blocks removed; None when empty."""
+        if self.options.query is not None:
+            self.query = self.options.query
+        elif texts:
+            question = _BLANKS.sub(_one_newline, "\n".join(strip_blocks(t, self.tag) for t in texts)).strip()
+            self.query = question or None
+        if self.query is not None and has_lone_surrogate(self.query):  # only scored, never written back
+            self.query = _SURROGATE.sub("\ufffd", self.query)
 
     def optimizer_documents(self) -> list[dict[str, Any]]:
         """The documents to pass to ``ContextOptimizer.optimize`` (index i = ``documents[i]``)."""
@@ -171,11 +260,11 @@ class ContextPlan:
             if sorted(order + dropped) != list(range(n)):
                 raise RewriteError(f"optimizer result does not match the {n} documents sent")
         kept = set(order)
-        values: dict[tuple[int, int | None], str] = {}
+        values: dict[JsonPath, str] = {}
         for c_idx, c in enumerate(self.containers):
             new = self._container_text(c_idx, c, order, kept, texts)
             if new != c.text:
-                values[(c.message, c.part)] = new
+                values[c.path] = new
         ext_movers = iter([i for i in order if self.documents[i].container is None])  # kept, in output order
         ext_blocks: list[str] = []
         for slot in self.extension:  # empty documents keep their place; kept ones fill the others in order
@@ -189,41 +278,36 @@ class ContextPlan:
             return self.raw
         return self._write_back(values, ext_text)
 
-    def _write_back(self, values: dict[tuple[int, int | None], str], ext_text: str) -> bytes:
+    def _write_back(self, values: dict[JsonPath, str], ext_text: str) -> bytes:
         """The original bytes with the changed message texts, the extension documents and without the
         extension field."""
         editor = JsonEditor(self.raw.decode("utf-8"))
         values = dict(values)
         edits: list[Edit] = []
         if ext_text:
-            edits += self._place(editor, values, ext_text)
-        for (message, part), value in values.items():
-            edits.append(editor.replace(_text_path(message, part), value))
+            edits += (self.placer or _place_chat)(self, editor, values, ext_text)
+        edits += self._remove_blank(editor, values)
+        for path, value in values.items():
+            edits.append(editor.replace(path, value))
         if self.has_extension_field:
             edits += editor.remove_members(EXTENSION_FIELD)
         return editor.render(edits)
 
-    def _place(self, editor: JsonEditor, values: dict[tuple[int, int | None], str], ext_text: str) -> list[Edit]:
-        """Insert the extension documents; string contents go through ``values``, the rest are edits."""
-        msgs = self.body.get("messages")
-        msgs = msgs if isinstance(msgs, list) else []
-        roles = [m.get("role") if isinstance(m, dict) else None for m in msgs]
-        if self.options.placement == "user" and "user" in roles:
-            i = len(roles) - 1 - roles[::-1].index("user")
-            content = msgs[i].get("content")
-            if isinstance(content, str):
-                values[(i, None)] = ext_text + "\n\n" + values.get((i, None), content)
-                return []
-            if isinstance(content, list) and editor.is_array(("messages", i, "content")):
-                return [editor.insert_first(("messages", i, "content"), {"type": "text", "text": ext_text})]
-        if self.options.placement == "system":
-            for i, role in enumerate(roles):
-                if role in SYSTEM_ROLES and isinstance(msgs[i].get("content"), str):
-                    values[(i, None)] = values.get((i, None), msgs[i]["content"]) + "\n\n" + ext_text
-                    return []
-        if not editor.is_array(("messages",)):
-            raise RewriteError("no messages to place the documents in")
-        return [editor.insert_first(("messages",), {"role": "system", "content": ext_text})]
+    def _remove_blank(self, editor: JsonEditor, values: dict[JsonPath, str]) -> list[Edit]:
+        """Remove the content blocks whose text became blank (their :attr:`Container.item`), keeping at least
+        one block in each array; their values are taken out of ``values``."""
+        arrays: dict[JsonPath, list[tuple[int, JsonPath]]] = {}
+        for c in self.containers:
+            if c.item is not None and c.path in values and not values[c.path].strip() and c.text.strip():
+                arrays.setdefault(c.item[:-1], []).append((int(c.item[-1]), c.path))
+        edits: list[Edit] = []
+        for array, blank in arrays.items():
+            if editor.count_items(array) <= len(blank):
+                blank = blank[1:]  # every block would go: the first stays, blank
+            for _, path in blank:
+                del values[path]
+            edits += editor.remove_items(array, [i for i, _ in blank])
+        return edits
 
     def _container_text(self, c_idx: int, c: Container, order: list[int], kept: set[int], texts: dict[int, str]) -> str:
         here = [i for i, d in enumerate(self.documents) if d.container == c_idx]  # position order
@@ -272,11 +356,26 @@ def _render_block(tag: str, d: Found, text: str) -> str:
     return f"<{tag}{attrs}>{text}</{tag}>"
 
 
-def _text_path(message: int, part: int | None) -> JsonPath:
-    """Where a message text is: ``messages[message].content`` or ``...content[part].text``."""
-    if part is None:
-        return ("messages", message, "content")
-    return ("messages", message, "content", part, "text")
+def _place_chat(plan: ContextPlan, editor: JsonEditor, values: dict[JsonPath, str], ext_text: str) -> list[Edit]:
+    """Insert the extension documents into a chat completion: first in the last user message, or last in the
+    first system message with a string content, else as a new first system message."""
+    msgs = plan.body.get("messages")
+    msgs = msgs if isinstance(msgs, list) else []
+    roles = [m.get("role") if isinstance(m, dict) else None for m in msgs]
+    if plan.options.placement == "user" and "user" in roles:
+        i = len(roles) - 1 - roles[::-1].index("user")
+        placed = place_first(editor, values, ("messages", i, "content"), msgs[i].get("content"), "text", ext_text)
+        if placed is not None:
+            return placed
+    if plan.options.placement == "system":
+        for i, role in enumerate(roles):
+            if role in SYSTEM_ROLES and isinstance(msgs[i].get("content"), str):
+                path: JsonPath = ("messages", i, "content")
+                values[path] = values.get(path, msgs[i]["content"]) + "\n\n" + ext_text
+                return []
+    if not editor.is_array(("messages",)):
+        raise RewriteError("no messages to place the documents in")
+    return [editor.insert_first(("messages",), {"role": "system", "content": ext_text})]
 
 
 def plan_request(
@@ -293,12 +392,12 @@ def plan_request(
     an invalid ``rag_opt`` field or ``x-ragopt-*`` header (see :func:`rag_opt.server.request.parse_request`).
     """
     body, options, ext_docs = parse_request(raw, headers)
-    has_ext = EXTENSION_FIELD in body
-
-    plan = ContextPlan(raw=raw, body=body, tag=tag, query=None, options=options, has_extension_field=has_ext)
+    plan = ContextPlan(raw=raw, body=body, tag=tag, query=None, options=options)
+    plan.has_extension_field = EXTENSION_FIELD in body
     messages = body["messages"]
     users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
     last_user = users[-1] if users else None
+    whole_min = tool_min_chars if tool_messages else None
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             continue
@@ -306,53 +405,8 @@ def plan_request(
         is_tool = role in TOOL_ROLES and (last_user is None or i > last_user)
         if not (role in SYSTEM_ROLES or i == last_user or is_tool):
             continue
-        for part, text in _texts(m.get("content")):
-            found = scan(text, tag).documents
-            blocks = [b for b in found if _optimizable(text[b.body_start : b.body_end])]
-            if blocks:
-                plan.containers.append(Container(message=i, part=part, text=text))
-                for b in blocks:
-                    lead, core, trail = _split_ws(text[b.body_start : b.body_end])
-                    plan.documents.append(
-                        Found(
-                            text=core,
-                            id=b.attrs.get("id"),
-                            title=b.attrs.get("title") or None,
-                            container=len(plan.containers) - 1,
-                            start=b.start,
-                            end=b.end,
-                            open_tag=text[b.start : b.body_start],
-                            close_tag=text[b.body_end : b.end],
-                            lead=lead,
-                            trail=trail,
-                        )
-                    )
-            elif is_tool and tool_messages and len(text.strip()) >= tool_min_chars:
-                if has_lone_surrogate(text):
-                    continue
-                lead, core, trail = _split_ws(text)
-                plan.containers.append(Container(message=i, part=part, text=text, whole=True))
-                plan.documents.append(
-                    Found(text=core, container=len(plan.containers) - 1, start=0, end=len(text), lead=lead, trail=trail)
-                )
-    for d in ext_docs:
-        if not _optimizable(d.text):  # an empty document is forwarded as it is, not optimized
-            plan.extension.append(Found(text=d.text, id=d.id, title=d.title))
-            continue
-        extra: dict[str, Any] = {}
-        if d.metadata:
-            extra["metadata"] = d.metadata
-        if d.score is not None:
-            extra["score"] = d.score
-        plan.extension.append(len(plan.documents))
-        plan.documents.append(Found(text=d.text, id=d.id, title=d.title, extra=extra))
-
-    if options.query is not None:
-        plan.query = options.query
-    elif last_user is not None:
-        parts = [strip_blocks(t, tag) for _, t in _texts(messages[last_user].get("content"))]
-        question = _BLANKS.sub(_one_newline, "\n".join(parts)).strip()
-        plan.query = question or None
-    if plan.query is not None and has_lone_surrogate(plan.query):  # only scored, never written back
-        plan.query = _SURROGATE.sub("\ufffd", plan.query)
+        for path, text in texts_of(m.get("content"), ("messages", i, "content")):
+            plan.add_text(path, text, whole_min if is_tool else None)
+    plan.add_extension(ext_docs)
+    plan.set_query([t for _, t in texts_of(messages[last_user].get("content"), ())] if last_user is not None else [])
     return plan

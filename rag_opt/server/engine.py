@@ -1,8 +1,9 @@
 """One optimization for a route, by the tier that can take it: the proxy model on the worker pool (micro-batched,
 within the time budget), the lexical tier when the model cannot take it, or nothing (fail-open).
 
-Every route that optimizes context (chat completions, ``/v1/compress``, ...) goes through :meth:`Engine.run`,
-so they share the pool, the lexical tier, the work limits and the metrics. The engine only decides which tier
+Every route that optimizes context (chat completions, Anthropic messages and OpenAI responses through
+:class:`~rag_opt.server.flow.ContextFlow`, and ``/v1/compress``) goes through :meth:`Engine.run` of the app's one
+engine, so they share the pool, the lexical tier, the work limits and the metrics. The engine only decides which tier
 runs and translates the pool's answers; what to do with the result (write it back into a request, answer it as
 JSON) is the route's.
 
@@ -28,7 +29,7 @@ from starlette.responses import Response
 
 from rag_opt.errors import WorkLimitExceeded
 from rag_opt.models.threads import available_cores
-from rag_opt.server.errors import BudgetExceeded, Overloaded, error_response
+from rag_opt.server.errors import BudgetExceeded, ErrorFormat, Overloaded, error_response
 from rag_opt.server.pool import off_loop, retry_after_s
 from rag_opt.server.state import ProxyState
 from rag_opt.types import Budget
@@ -95,8 +96,9 @@ class Attempt:
         return (time.perf_counter() - self.t0) * 1e3
 
 
-def overloaded_response(exc: Overloaded, time_budget_ms: float) -> Response:
-    """The 429 (with ``Retry-After``) for a job not admitted under ``--on-overload reject``."""
+def overloaded_response(exc: Overloaded, time_budget_ms: float, fmt: ErrorFormat = "openai") -> Response:
+    """The 429 (with ``Retry-After``) for a job not admitted under ``--on-overload reject``, in the route's error
+    shape ``fmt``."""
     retry = retry_after_s(exc.estimate_s, time_budget_ms / 1e3)
     return error_response(
         429,
@@ -104,6 +106,7 @@ def overloaded_response(exc: Overloaded, time_budget_ms: float) -> Response:
         "rate_limit_error",
         "ragopt_overloaded",
         headers={"retry-after": str(retry)},
+        fmt=fmt,
     )
 
 
@@ -186,13 +189,17 @@ class Engine:
                 exc.stage,
             )
             return self.failed("timeout", t0, self.no_lexical_note(job.ordering))
-        except WorkLimitExceeded as exc:
+        except Exception as exc:
+            return self._gave_up(exc, t0, "optimization")
+        return Attempt(result, t0)
+
+    def _gave_up(self, exc: Exception, t0: float, what: str) -> Attempt:
+        """The fail-open outcome of a run that raised ``exc``: ``limit`` past the work limits, else ``error``."""
+        if isinstance(exc, WorkLimitExceeded):
             logger.warning("%s: not optimizing the request", exc)
             return self.failed("limit", t0)
-        except Exception as exc:
-            logger.warning("optimization failed (%s); not optimizing the request", state.why(exc))
-            return self.failed("error", t0)
-        return Attempt(result, t0)
+        logger.warning("%s failed (%s); not optimizing the request", what, self.state.why(exc))
+        return self.failed("error", t0)
 
     def _limits(self) -> WorkLimits:
         s = self.state.settings
@@ -215,12 +222,8 @@ class Engine:
             if self._lexical_limiter is None:  # as many at once as there are cores: few threads, little memory
                 self._lexical_limiter = anyio.CapacityLimiter(available_cores())
             result = await anyio.to_thread.run_sync(work, limiter=self._lexical_limiter)
-        except WorkLimitExceeded as exc:
-            logger.warning("%s: not optimizing the request", exc)
-            return self.failed("limit", t0)
         except Exception as exc:
-            logger.warning("lexical optimization failed (%s); not optimizing the request", state.why(exc))
-            return self.failed("error", t0)
+            return self._gave_up(exc, t0, "lexical optimization")
         return Attempt(result, t0, reason)
 
     async def _over_size(self, job: Job, limit: int) -> bool:

@@ -1,4 +1,6 @@
-"""The errors the server raises on purpose, and the OpenAI-style error bodies it answers with.
+"""The errors the server raises on purpose, and the error bodies it answers with: OpenAI-style
+(``{"error": {"message", "type", "param", "code"}}``) everywhere but on the Anthropic Messages route, which
+answers in Anthropic's shape (``{"type": "error", "error": {"type", "message"}}``; see :data:`ErrorFormat`).
 
 Every error derives from :class:`rag_opt.errors.RagOptError` (and from the built-in exception it replaced, so
 ``except ValueError`` / ``except RuntimeError`` keep working).
@@ -7,7 +9,7 @@ Every error derives from :class:`rag_opt.errors.RagOptError` (and from the built
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from starlette.responses import JSONResponse
 
@@ -16,6 +18,7 @@ from rag_opt.errors import RagOptError
 __all__ = [
     "BodyTooLarge",
     "BudgetExceeded",
+    "ErrorFormat",
     "Overloaded",
     "RequestError",
     "RewriteError",
@@ -65,13 +68,33 @@ class RewriteError(RagOptError, RuntimeError):
     unoptimized)."""
 
 
-def _error(message: str, type_: str, code: str | None, param: str | None) -> dict[str, Any]:
+ErrorFormat = Literal["openai", "anthropic"]
+"""The shape of the error bodies rag-opt answers with itself: ``openai`` or ``anthropic`` (the Messages API)."""
+
+# Anthropic's error types by status (https://docs.anthropic.com/en/api/errors); other 5xx: api_error
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def _error(
+    message: str, type_: str, code: str | None, param: str | None, fmt: ErrorFormat = "openai", status: int = 400
+) -> dict[str, Any]:
+    if fmt == "anthropic":
+        kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": message}}
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def error_json(message: str, type_: str, code: str) -> bytes:
-    """An OpenAI-style error body as bytes, for answers sent from the ASGI middleware."""
-    return json.dumps(_error(message, type_, code, None)).encode()
+def error_json(message: str, type_: str, code: str, fmt: ErrorFormat = "openai", status: int = 400) -> bytes:
+    """An error body (OpenAI-style, or Anthropic's for ``fmt="anthropic"``, its type from ``status``) as bytes,
+    for answers sent from the ASGI middleware."""
+    return json.dumps(_error(message, type_, code, None, fmt, status)).encode()
 
 
 def error_response(
@@ -81,6 +104,9 @@ def error_response(
     code: str | None = None,
     param: str | None = None,
     headers: dict[str, str] | None = None,
+    fmt: ErrorFormat = "openai",
 ) -> JSONResponse:
-    """An OpenAI-style error response: ``{"error": {"message", "type", "param", "code"}}``."""
-    return JSONResponse(_error(message, type_, code, param), status, headers=headers)
+    """An error response: OpenAI-style ``{"error": {"message", "type", "param", "code"}}``, or with
+    ``fmt="anthropic"`` Anthropic's ``{"type": "error", "error": {"type", "message"}}`` (its type from
+    ``status``)."""
+    return JSONResponse(_error(message, type_, code, param, fmt, status), status, headers=headers)

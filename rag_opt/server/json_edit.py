@@ -106,6 +106,28 @@ def _last(members: list[_Member], key: str) -> _Member | None:
     return found[-1] if found else None
 
 
+def _remove_runs(spans: list[tuple[int, int]], drop: list[bool], inner_start: int, inner_end: int) -> list[Edit]:
+    """Edits that delete the entries (members or items: their spans) marked in ``drop`` from a container whose
+    inside is ``text[inner_start:inner_end]``, with the separators that go with them."""
+    if drop and all(drop):
+        return [(inner_start, inner_end, "")]  # everything between the brackets
+    edits: list[Edit] = []
+    k = 0
+    while k < len(spans):
+        if not drop[k]:
+            k += 1
+            continue
+        run_end = k
+        while run_end + 1 < len(spans) and drop[run_end + 1]:
+            run_end += 1
+        if run_end + 1 < len(spans):  # a kept entry follows: delete up to its start
+            edits.append((spans[k][0], spans[run_end + 1][0], ""))
+        else:  # the run ends the container: delete from the previous entry's end
+            edits.append((spans[k - 1][1], spans[run_end][1], ""))
+        k = run_end + 1
+    return edits
+
+
 def _where(path: JsonPath) -> str:
     return "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path).lstrip(".")
 
@@ -150,6 +172,14 @@ class JsonEditor:
                 start, end = items[step]
         return start, end
 
+    def span(self, path: JsonPath) -> tuple[int, int] | None:
+        """Where the value at ``path`` is in the text (start, end); None when absent."""
+        found = self._start(path)
+        if found is None:
+            return None
+        start, end = found
+        return start, end if end is not None else _DECODER.raw_decode(self.text, start)[1]
+
     def is_array(self, path: JsonPath) -> bool:
         """Whether the value at ``path`` exists and is an array."""
         found = self._start(path)
@@ -177,24 +207,23 @@ class JsonEditor:
         if found is None or self.text[found[0]] != "{":
             raise RewriteError(f"{_where(path) or 'the body'} is not an object")
         members, after = self._object(found[0])
-        drop = [m.key == key for m in members]
-        if all(drop):
-            return [(found[0] + 1, after - 1, "")]  # everything between the braces
-        edits: list[Edit] = []
-        k = 0
-        while k < len(members):
-            if not drop[k]:
-                k += 1
-                continue
-            run_end = k
-            while run_end + 1 < len(members) and drop[run_end + 1]:
-                run_end += 1
-            if run_end + 1 < len(members):  # a kept member follows: delete up to its key
-                edits.append((members[k].key_start, members[run_end + 1].key_start, ""))
-            else:  # the run ends the object: delete from the previous member's end
-                edits.append((members[k - 1].value_end, members[run_end].value_end, ""))
-            k = run_end + 1
-        return edits
+        spans = [(m.key_start, m.value_end) for m in members]
+        return _remove_runs(spans, [m.key == key for m in members], found[0] + 1, after - 1)
+
+    def count_items(self, path: JsonPath) -> int:
+        """How many items the array at ``path`` has (0 when it is absent or not an array)."""
+        found = self._start(path)
+        return len(self._array(found[0])) if found is not None and self.text[found[0]] == "[" else 0
+
+    def remove_items(self, path: JsonPath, indexes: Sequence[int]) -> list[Edit]:
+        """Remove the items at ``indexes`` from the array at ``path``, with the separators that go with them."""
+        found = self._start(path)
+        if found is None or self.text[found[0]] != "[":
+            raise RewriteError(f"{_where(path) or 'the body'} is not an array")
+        items = self._array(found[0])
+        close = items[-1][1] if items else found[0] + 1
+        close = _ws(self.text, close)  # the ']'
+        return _remove_runs(items, [i in set(indexes) for i in range(len(items))], found[0] + 1, close)
 
     def render(self, edits: Sequence[Edit]) -> bytes:
         """The text with ``edits`` applied, as UTF-8."""

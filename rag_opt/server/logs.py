@@ -26,6 +26,8 @@ LIMITED_LOGGERS = (
     "uvicorn.error",
     "rag_opt.server.app",
     "rag_opt.server.chat",
+    "rag_opt.server.engine",
+    "rag_opt.server.flow",
     "rag_opt.server.http",
     "rag_opt.server.pool",
     "rag_opt.server.state",

@@ -47,8 +47,9 @@ __all__ = [
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 
-ROUTES = ("chat_completions", "compress", "passthrough")  # shown from the start; other routes on first use
-# outcomes of a chat completion request (also the x-ragopt-status response header); "overloaded" = answered 429
+ROUTES = ("chat_completions", "messages", "responses", "compress", "passthrough")  # others appear on first use
+# outcomes of a request of an LLM API route (chat completions, messages, responses; also the x-ragopt-status
+# response header); "overloaded" = answered 429
 # "optimized_lexical" = optimized by the lexical tier (x-ragopt-status: optimized-lexical)
 OUTCOMES = (
     "optimized",
@@ -105,7 +106,11 @@ class Metrics:
         reg = self.registry
         self._requests = _labelled(reg, "ragopt_requests", "Requests received by the proxy, by route.", "route", ROUTES)
         self._outcomes = _labelled(
-            reg, "ragopt_chat_requests", "Chat completion requests by what rag-opt did.", "outcome", OUTCOMES
+            reg,
+            "ragopt_chat_requests",
+            "Chat completions, messages and responses requests by what rag-opt did.",
+            "outcome",
+            OUTCOMES,
         )
         self._compress = _labelled(
             reg,

@@ -3,8 +3,9 @@
 A request path must be plain: it starts with ``/``, is at most :data:`MAX_PATH_BYTES` long (else 414), and has
 no empty segment (``//``, a trailing ``/``), no ``.``/``..`` segment (encoded or not), no encoded ``/`` or
 ``\\`` (``%2F``, ``%5C``), no raw ``\\``, no malformed ``%`` escape and no control character (else 400,
-``invalid_path``). The chat route is matched exactly: a path that differs from ``/v1/chat/completions`` only in
-letter case is refused rather than forwarded unvalidated. So one path means one thing to the proxy and to the
+``invalid_path``). The optimized routes (:data:`OPTIMIZED_PATHS`: chat completions, Anthropic messages, OpenAI
+responses) are matched exactly: a path that differs from one of them only in letter case is refused rather than
+forwarded unvalidated. So one path means one thing to the proxy and to the
 upstream, and no redirect is ever built from the client's ``Host``.
 
 The upstream URL is built from the parts of ``--upstream`` (scheme, host, port and base path), never by
@@ -19,12 +20,24 @@ from urllib.parse import unquote_to_bytes
 
 import httpx
 
-from rag_opt.server.errors import RequestError
+from rag_opt.server.errors import ErrorFormat, RequestError
 
-__all__ = ["CHAT_PATH", "MAX_PATH_BYTES", "check_path", "upstream_url"]
+__all__ = [
+    "CHAT_PATH",
+    "MAX_PATH_BYTES",
+    "MESSAGES_PATH",
+    "OPTIMIZED_PATHS",
+    "RESPONSES_PATH",
+    "check_path",
+    "error_format",
+    "upstream_url",
+]
 
 MAX_PATH_BYTES = 8192
 CHAT_PATH = "/v1/chat/completions"
+MESSAGES_PATH = "/v1/messages"  # the Anthropic Messages API
+RESPONSES_PATH = "/v1/responses"  # the OpenAI Responses API
+OPTIMIZED_PATHS = (CHAT_PATH, MESSAGES_PATH, RESPONSES_PATH)
 _BAD_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 _CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
 
@@ -63,8 +76,14 @@ def check_path(raw_path: bytes, path: str) -> None:
             raise _invalid("it has an encoded '/' or '\\' (%2F, %5C)")
         if _CONTROL.search(decoded):
             raise _invalid("it has a control character")
-    if path != CHAT_PATH and path.lower() == CHAT_PATH:
-        raise _invalid(f"the chat completions path is {CHAT_PATH}, in lower case")
+    for optimized in OPTIMIZED_PATHS:
+        if path != optimized and path.lower() == optimized:
+            raise _invalid(f"the path is {optimized}, in lower case")
+
+
+def error_format(path: str) -> ErrorFormat:
+    """The shape of rag-opt's own error answers on ``path``: Anthropic's on the Messages route, else OpenAI's."""
+    return "anthropic" if path == MESSAGES_PATH else "openai"
 
 
 def upstream_url(base: httpx.URL, raw_path: bytes, query: bytes) -> httpx.URL:

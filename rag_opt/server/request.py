@@ -1,8 +1,9 @@
-"""Reading a chat completion request: its body's structure, and rag-opt's own per-request options.
+"""Reading a request of an optimized route: its body's structure, and rag-opt's own per-request options.
 
-A body that is not UTF-8 JSON, not an object, or whose ``messages`` are missing or malformed is a client error
-(:class:`~rag_opt.server.errors.RequestError`, answered with an OpenAI-style 400); rag-opt validates only the
-structure it reads, everything else is the upstream's to validate.
+A body that is not UTF-8 JSON, not an object, or whose structure rag-opt reads is malformed (for a chat
+completion: its ``messages``; the other routes pass their own check to :func:`parse_request`) is a client error
+(:class:`~rag_opt.server.errors.RequestError`, answered with a 400 in the route's error shape); rag-opt
+validates only the structure it reads, everything else is the upstream's to validate.
 
 Per-request options come from the ``x-ragopt-*`` headers (``ratio``, ``target-tokens``, ``threshold``,
 ``ordering``, ``language``, ``disable``) and the ``rag_opt`` extension field (``query``, ``documents``,
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -29,9 +30,16 @@ from rag_opt.types import Budget, Document, check_ordering, to_documents
 __all__ = [
     "EXTENSION_FIELD",
     "HEADER_PREFIX",
+    "BodyCheck",
     "Options",
+    "check_chat_body",
+    "check_messages",
+    "check_parts",
     "check_request_language",
+    "check_unique",
     "decode_body",
+    "json_type",
+    "load_object",
     "parse_body",
     "parse_request",
 ]
@@ -45,6 +53,9 @@ _HEADERS = ("ratio", "target-tokens", "threshold", "ordering", "language", "disa
 _BODY_KEYS = frozenset({"messages", EXTENSION_FIELD})  # the keys rag-opt reads, where a duplicate is refused
 _MESSAGE_KEYS = frozenset({"role", "content"})
 _PART_KEYS = frozenset({"type", "text"})
+
+BodyCheck = Callable[[dict[str, Any]], None]
+"""Checks the structure of a decoded request body that rag-opt reads; raises RequestError."""
 
 
 @dataclass(frozen=True)
@@ -92,7 +103,7 @@ def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dup
 
 
-def _check_unique(obj: dict[str, Any], where: str, keys: frozenset[str] | None = None) -> None:
+def check_unique(obj: dict[str, Any], where: str, keys: frozenset[str] | None = None) -> None:
     """Refuse ``obj`` if a key rag-opt reads (``keys``; None: every key) appears in it more than once: rag-opt
     and the upstream could read different values."""
     dups: frozenset[str] = getattr(obj, "duplicates", frozenset())
@@ -168,11 +179,11 @@ def _extension(value: Any) -> tuple[_Extension, list[Document]]:
     """Validate the ``rag_opt`` field; returns it and its documents."""
     if not isinstance(value, dict):
         raise RequestError(f"'{EXTENSION_FIELD}' must be an object, got {type(value).__name__}", EXTENSION_FIELD)
-    _check_unique(value, EXTENSION_FIELD)
+    check_unique(value, EXTENSION_FIELD)
     raw_docs = value.get("documents")
     for k, doc in enumerate(raw_docs if isinstance(raw_docs, list) else []):
         if isinstance(doc, dict):
-            _check_unique(doc, f"{EXTENSION_FIELD}.documents[{k}]")
+            check_unique(doc, f"{EXTENSION_FIELD}.documents[{k}]")
     try:
         ext = _Extension.model_validate(value)
     except ValidationError as exc:
@@ -194,15 +205,19 @@ def _extension(value: Any) -> tuple[_Extension, list[Document]]:
     return ext, docs
 
 
-def parse_request(raw: bytes, headers: Mapping[str, str]) -> tuple[dict[str, Any], Options, list[Document]]:
-    """The decoded body of a chat completion request, its :class:`Options` and the documents of its ``rag_opt``
-    field (empty without one).
+def parse_request(
+    raw: bytes, headers: Mapping[str, str], check: BodyCheck | None = None
+) -> tuple[dict[str, Any], Options, list[Document]]:
+    """The decoded body of a request, its :class:`Options` and the documents of its ``rag_opt`` field (empty
+    without one). ``check``: the route's check of the body's structure (default: a chat completion's, see
+    :func:`parse_body`).
 
     Raises :class:`~rag_opt.server.errors.RequestError` for an unknown or invalid ``x-ragopt-*`` header (checked
-    first), a body that is not a valid chat completion request (see :func:`parse_body`) or an invalid
-    ``rag_opt`` member."""
+    first), a body that is not a valid request (JSON, an object, then ``check``) or an invalid ``rag_opt``
+    member."""
     opts = _header_options(headers)
-    body = parse_body(raw)
+    body = load_object(raw)
+    (check or check_chat_body)(body)
     docs: list[Document] = []
     if EXTENSION_FIELD in body:
         ext, docs = _extension(body[EXTENSION_FIELD])
@@ -214,48 +229,55 @@ def parse_request(raw: bytes, headers: Mapping[str, str]) -> tuple[dict[str, Any
     return body, Options(budget=Budget(**limits) if limits else None, **opts), docs
 
 
-def _check_messages(messages: Any) -> None:
+def check_messages(messages: Any, where_list: str = "messages", text_types: tuple[str, ...] = ("text",)) -> None:
     """The structure rag-opt relies on: ``messages`` is a list of objects with a string ``role`` and a
-    ``content`` that is absent, null, a string or a list of objects (whose ``text``, for ``type: "text"``
-    parts, is a string). Everything else in the request is the upstream's to validate."""
+    ``content`` that is absent, null, a string or a list of objects (whose ``text``, for parts of a type in
+    ``text_types``, is a string). Everything else in the request is the upstream's to validate."""
     if not isinstance(messages, list):
         raise RequestError(
-            f"'messages' must be an array of message objects, got {_json_type(messages)}", "messages", "invalid_type"
+            f"'{where_list}' must be an array of message objects, got {json_type(messages)}",
+            where_list,
+            "invalid_type",
         )
     for i, m in enumerate(messages):
-        where = f"messages[{i}]"
+        where = f"{where_list}[{i}]"
         if not isinstance(m, dict):
-            raise RequestError(f"{where} must be an object, got {_json_type(m)}", where, "invalid_type")
-        _check_unique(m, where, _MESSAGE_KEYS)
+            raise RequestError(f"{where} must be an object, got {json_type(m)}", where, "invalid_type")
+        check_unique(m, where, _MESSAGE_KEYS)
         if "role" not in m:
             raise RequestError(f"{where}.role is missing", f"{where}.role", "missing_required_parameter")
         if not isinstance(m["role"], str):
             raise RequestError(
-                f"{where}.role must be a string, got {_json_type(m['role'])}", f"{where}.role", "invalid_type"
+                f"{where}.role must be a string, got {json_type(m['role'])}", f"{where}.role", "invalid_type"
             )
         content = m.get("content")
         if content is None or isinstance(content, str):
             continue
         if not isinstance(content, list):
             raise RequestError(
-                f"{where}.content must be a string, an array of content parts or null, got {_json_type(content)}",
+                f"{where}.content must be a string, an array of content parts or null, got {json_type(content)}",
                 f"{where}.content",
                 "invalid_type",
             )
-        for j, part in enumerate(content):
-            pwhere = f"{where}.content[{j}]"
-            if not isinstance(part, dict):
-                raise RequestError(f"{pwhere} must be an object, got {_json_type(part)}", pwhere, "invalid_type")
-            _check_unique(part, pwhere, _PART_KEYS)
-            if part.get("type") == "text" and not isinstance(part.get("text"), str):
-                raise RequestError(
-                    f"{pwhere}.text must be a string, got {_json_type(part.get('text'))}",
-                    f"{pwhere}.text",
-                    "invalid_type",
-                )
+        check_parts(content, f"{where}.content", text_types)
 
 
-def _json_type(value: Any) -> str:
+def check_parts(content: list[Any], where: str, text_types: tuple[str, ...] = ("text",)) -> None:
+    """Each content part is an object; those of a type in ``text_types`` have a string ``text``."""
+    for j, part in enumerate(content):
+        pwhere = f"{where}[{j}]"
+        if not isinstance(part, dict):
+            raise RequestError(f"{pwhere} must be an object, got {json_type(part)}", pwhere, "invalid_type")
+        check_unique(part, pwhere, _PART_KEYS)
+        if part.get("type") in text_types and not isinstance(part.get("text"), str):
+            raise RequestError(
+                f"{pwhere}.text must be a string, got {json_type(part.get('text'))}",
+                f"{pwhere}.text",
+                "invalid_type",
+            )
+
+
+def json_type(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -274,7 +296,23 @@ def _json_type(value: Any) -> str:
 def parse_body(raw: bytes) -> dict[str, Any]:
     """Decode a chat completion request body; :class:`~rag_opt.server.errors.RequestError` (an OpenAI-style
     400) when it is not UTF-8, not JSON, not an object, or its ``messages`` are missing or malformed (see
-    :func:`_check_messages`)."""
+    :func:`check_chat_body`)."""
+    body = load_object(raw)
+    check_chat_body(body)
+    return body
+
+
+def check_chat_body(body: dict[str, Any]) -> None:
+    """A chat completion body's structure (see :func:`check_messages`); a duplicate ``messages`` or
+    ``rag_opt`` is refused."""
+    check_unique(body, "", _BODY_KEYS)
+    if "messages" not in body:
+        raise RequestError("missing required parameter 'messages'", "messages", "missing_required_parameter")
+    check_messages(body["messages"])
+
+
+def load_object(raw: bytes) -> dict[str, Any]:
+    """Decode a request body that must be a JSON object encoded as UTF-8 (RequestError otherwise)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -292,11 +330,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     except RecursionError:
         raise RequestError("the request body is nested too deeply", code="invalid_json") from None
     if not isinstance(body, dict):
-        raise RequestError(f"the request body must be a JSON object, got {_json_type(body)}", code="invalid_json")
-    _check_unique(body, "", _BODY_KEYS)
-    if "messages" not in body:
-        raise RequestError("missing required parameter 'messages'", "messages", "missing_required_parameter")
-    _check_messages(body["messages"])
+        raise RequestError(f"the request body must be a JSON object, got {json_type(body)}", code="invalid_json")
     return body
 
 

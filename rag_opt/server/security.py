@@ -31,9 +31,9 @@ from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from rag_opt.server.errors import RequestError, error_json
+from rag_opt.server.errors import ErrorFormat, RequestError, error_json
 from rag_opt.server.metrics import Metrics
-from rag_opt.server.paths import check_path
+from rag_opt.server.paths import check_path, error_format
 
 __all__ = [
     "KEY_HEADER",
@@ -198,11 +198,14 @@ class Guard:
             )
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        fmt = error_format(scope["path"])  # Anthropic's error shape on its route
         try:
             check_path(scope.get("raw_path") or scope["path"].encode("utf-8"), scope["path"])
         except RequestError as exc:
             self.metrics.local_error("too_large" if exc.status == 414 else "invalid_request")
-            await _send_json(send, exc.status, error_json(exc.message, "invalid_request_error", exc.code))
+            await _send_json(
+                send, exc.status, error_json(exc.message, "invalid_request_error", exc.code, fmt, exc.status)
+            )
             return
         names = {k.lower() for k, _ in scope["headers"]}
         if b"transfer-encoding" in names and b"content-length" in names:
@@ -211,6 +214,7 @@ class Guard:
                 "the request has both Transfer-Encoding and Content-Length: send one of them",
                 "invalid_request_error",
                 "invalid_framing",
+                fmt,
             )
             await _send_json(send, 400, body, [(b"connection", b"close")])  # and close the connection
             return
@@ -223,6 +227,8 @@ class Guard:
                 "'X-RagOpt-Api-Key: <key>'",
                 "invalid_request_error",
                 "invalid_api_key",
+                fmt,
+                401,
             )
             await _send_json(send, 401, body, [(b"www-authenticate", b'Bearer realm="rag-opt"')])
             return
@@ -234,12 +240,12 @@ class Guard:
                     raise ValueError
             except ValueError:
                 self.metrics.local_error("invalid_request")
-                body = error_json("invalid Content-Length header", "invalid_request_error", "invalid_request")
+                body = error_json("invalid Content-Length header", "invalid_request_error", "invalid_request", fmt)
                 await _send_json(send, 400, body)
                 return
             if length > self.max_body_bytes:
                 self.metrics.local_error("too_large")
-                await _send_json(send, 413, too_large_body(self.max_body_bytes))
+                await _send_json(send, 413, too_large_body(self.max_body_bytes, fmt))
                 return
         await self.app(scope, receive, send)
 
@@ -257,12 +263,14 @@ def _carries(name: bytes, value: bytes, key: bytes) -> bool:
     return False
 
 
-def too_large_body(limit: int) -> bytes:
+def too_large_body(limit: int, fmt: ErrorFormat = "openai") -> bytes:
     """The 413 answer's body."""
     return error_json(
         f"the request body exceeds the proxy's limit of {limit} bytes (--max-body-bytes)",
         "invalid_request_error",
         "request_too_large",
+        fmt,
+        413,
     )
 
 

@@ -3,7 +3,8 @@
 One shared ``httpx.AsyncClient`` per app. A forwarded request keeps the client's method, path below ``/v1``
 (appended to the upstream's base path: :func:`rag_opt.server.paths.upstream_url`), query string, headers and
 body, less hop-by-hop headers, ``Host``/``Content-Length``/``Expect`` (the body was read already), rag-opt's own
-``x-ragopt-*`` headers, and the client's credentials when ``--upstream-api-key`` replaces them. Forwarding
+``x-ragopt-*`` headers, and the client's credentials when ``--upstream-api-key`` replaces them (sent as
+``Authorization: Bearer <key>``, or as ``x-api-key: <key>`` on the Anthropic route). Forwarding
 headers are the proxy's to set: ``X-Forwarded-For`` names the real peer (appended to the client's own list
 only when the peer is one of ``--trusted-proxies``); from other peers, ``X-Forwarded-*``, ``X-Real-IP``,
 ``Forwarded`` and the like are removed.
@@ -11,7 +12,7 @@ only when the peer is one of ``--trusted-proxies``); from other peers, ``X-Forwa
 Upstream responses (status, headers, body bytes) are relayed as they arrive, so streamed server-sent events
 reach the client chunk by chunk; a successful JSON response that is not too large is checked
 first, so that an upstream sending invalid JSON becomes a 502 rather than a corrupt answer. Upstream failures
-are OpenAI-style 502/504 answers; a client that disconnects closes the upstream request.
+are 502/504 answers in the route's error shape; a client that disconnects closes the upstream request.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from rag_opt.server.errors import RequestError, error_response
+from rag_opt.server.errors import ErrorFormat, RequestError, error_response
 from rag_opt.server.metrics import Metrics
 from rag_opt.server.paths import upstream_url
 from rag_opt.server.pool import off_loop
@@ -234,13 +235,16 @@ class Upstream:
         raw_path = scope.get("raw_path") or scope["path"].encode("utf-8")
         return upstream_url(self.base, raw_path, scope.get("query_string", b""))
 
-    def request_headers(self, request: Request, drop_extra: frozenset[str] = frozenset()) -> list[tuple[bytes, bytes]]:
-        """The headers to forward (see the module docstring); ``drop_extra``: more names not to forward."""
+    def request_headers(
+        self, request: Request, drop_extra: frozenset[str] = frozenset(), key_header: str = "authorization"
+    ) -> list[tuple[bytes, bytes]]:
+        """The headers to forward (see the module docstring); ``drop_extra``: more names not to forward;
+        ``key_header``: where ``--upstream-api-key`` goes (``authorization`` as a bearer token, or ``x-api-key``)."""
         drop = _NOT_FORWARDED | {"x-forwarded-for"} | drop_extra  # X-Forwarded-For: set below
         drop = drop | _connection_listed(request.headers.getlist("connection"))
         key = self.settings.upstream_api_key
         if key is not None:
-            drop = drop | {"authorization", "api-key"}
+            drop = drop | {"authorization", "api-key", key_header}
         client = request.scope.get("client")
         peer = client[0] if client else None
         trusted = _trusted(peer, self.trusted)
@@ -256,7 +260,8 @@ class Upstream:
             chain = [c for c in chain if c] if trusted else []
             out.append((b"x-forwarded-for", ", ".join([*chain, peer]).encode("latin-1")))
         if key is not None:
-            out.append((b"authorization", f"Bearer {key.get_secret_value()}".encode("latin-1")))
+            value = key.get_secret_value() if key_header != "authorization" else f"Bearer {key.get_secret_value()}"
+            out.append((key_header.encode("latin-1"), value.encode("latin-1")))
         return out
 
     async def forward(
@@ -265,21 +270,25 @@ class Upstream:
         body: bytes,
         extra_headers: list[tuple[bytes, bytes]],
         drop_headers: frozenset[str] = frozenset(),
+        *,
+        fmt: ErrorFormat = "openai",
+        key_header: str = "authorization",
     ) -> Response:
         """Send the request upstream with ``body`` and relay the response as it arrives, with ``extra_headers``
-        (``drop_headers``: request headers not to forward, e.g. ``content-encoding`` of a body decoded here).
+        (``drop_headers``: request headers not to forward, e.g. ``content-encoding`` of a body decoded here;
+        ``fmt``: the shape of rag-opt's own error answers; ``key_header``: see :meth:`request_headers`).
 
         A successful JSON (not streamed) response is read first and checked: invalid JSON from the upstream is
         a 502 rather than a corrupt answer, and an upstream that fails while sending it a clean 502/504.
         """
-        headers = self.request_headers(request, drop_headers)
+        headers = self.request_headers(request, drop_headers, key_header)
         sent = {k.decode("latin-1").lower() for k, _ in headers}
         try:
             url = self.url(request.scope)
             req = self.client.build_request(request.method, url, headers=headers, content=body or None)
         except (RequestError, httpx.InvalidURL) as exc:
             message = exc.message if isinstance(exc, RequestError) else "invalid request path: it is not a valid URL"
-            return error_response(400, message, "invalid_request_error", "invalid_path")
+            return error_response(400, message, "invalid_request_error", "invalid_path", fmt=fmt)
         for name in _HTTPX_DEFAULTS:
             if name not in sent and name in req.headers:
                 del req.headers[name]
@@ -314,6 +323,7 @@ class Upstream:
                             "the upstream LLM server returned an invalid JSON response",
                             "upstream_error",
                             "upstream_invalid_response",
+                            fmt=fmt,
                         )
         except httpx.TimeoutException as exc:
             if upstream is not None:
@@ -321,7 +331,7 @@ class Upstream:
             self.metrics.upstream_error("timeout")
             logger.warning("upstream timed out (%s)", type(exc).__name__)
             return error_response(
-                504, "the upstream LLM server did not answer in time", "upstream_error", "upstream_timeout"
+                504, "the upstream LLM server did not answer in time", "upstream_error", "upstream_timeout", fmt=fmt
             )
         except httpx.HTTPError as exc:
             if upstream is not None:
@@ -329,7 +339,7 @@ class Upstream:
             self.metrics.upstream_error("connect" if upstream is None else "stream")
             logger.warning("upstream failed (%s: %s)", type(exc).__name__, exc)
             return error_response(
-                502, "could not reach the upstream LLM server", "upstream_error", "upstream_unavailable"
+                502, "could not reach the upstream LLM server", "upstream_error", "upstream_unavailable", fmt=fmt
             )
         except BaseException:  # cancelled (the client left): close the upstream request
             if upstream is not None:

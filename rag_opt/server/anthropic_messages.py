@@ -1,0 +1,139 @@
+"""``POST /v1/messages``: the Anthropic Messages API route — its body read, its context found.
+
+The question is the text of the last ``user`` message that has text (its ``text`` blocks, or its string
+content, joined by newlines with document blocks removed), unless ``rag_opt.query`` gives one; that message and
+the ``user`` messages after it (which carry tool results) are the current turn. Context is:
+
+1. ``<document ...>...</document>`` blocks (the tag is ``--document-tag``) in the ``system`` prompt (a string or
+   ``text`` blocks) and in the text of the current turn's user messages, as on the chat route;
+2. ``document`` content blocks of the current turn with a text source (``"source": {"type": "text", "data":
+   ...}``): the whole ``data`` is one document, titled by the block's ``title``;
+3. ``tool_result`` blocks of the current turn: their ``<document>`` blocks, or, without any, their whole text
+   (a string ``content`` or each of its ``text`` blocks) when at least ``--tool-min-chars`` long (unless
+   ``--no-tool-messages``);
+4. ``rag_opt.documents``: rendered as blocks first in the question's message (a new first ``text`` block when
+   its content is a list), or with ``"placement": "system"`` at the end of a string ``system`` prompt.
+
+Everything else is forwarded byte for byte (:meth:`rag_opt.server.documents.ContextPlan.render`), except that a
+content block whose text the optimization leaves blank (a ``text`` block that held only dropped documents, a
+dropped ``document`` block) is removed rather than sent empty, which the API refuses; one block per list stays.
+The flow is :class:`rag_opt.server.flow.ContextFlow`; rag-opt's own errors come in Anthropic's shape
+(``{"type": "error", "error": {"type", "message"}}``), and ``--upstream-api-key`` is sent as ``x-api-key``.
+Nothing is scored, selected or ordered here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rag_opt.server.documents import ContextPlan, place_first, texts_of
+from rag_opt.server.engine import Engine
+from rag_opt.server.errors import RequestError, RewriteError
+from rag_opt.server.flow import ContextFlow
+from rag_opt.server.json_edit import Edit, JsonEditor, JsonPath
+from rag_opt.server.request import EXTENSION_FIELD, check_messages, check_parts, check_unique, json_type, parse_request
+from rag_opt.server.settings import ProxySettings
+from rag_opt.server.state import ProxyState
+
+__all__ = ["AnthropicMessages", "check_messages_body", "plan_messages"]
+
+_BODY_KEYS = frozenset({"messages", "system", EXTENSION_FIELD})
+
+
+def check_messages_body(body: dict[str, Any]) -> None:
+    """The structure rag-opt reads: ``messages`` (objects with a string ``role``; a string or block-list
+    ``content`` whose ``text`` blocks have a string ``text``) and a ``system`` that is absent, a string or a list
+    of blocks. The rest is the upstream's to validate."""
+    check_unique(body, "", _BODY_KEYS)
+    if "messages" not in body:
+        raise RequestError("missing required parameter 'messages'", "messages", "missing_required_parameter")
+    check_messages(body["messages"])
+    system = body.get("system")
+    if isinstance(system, list):
+        check_parts(system, "system")
+    elif system is not None and not isinstance(system, str):
+        raise RequestError(
+            f"system must be a string or an array of text blocks, got {json_type(system)}", "system", "invalid_type"
+        )
+
+
+def _has_text(message: Any) -> bool:
+    return isinstance(message, dict) and message.get("role") == "user" and bool(texts_of(message.get("content"), ()))
+
+
+def _tool_texts(block: dict[str, Any], path: JsonPath) -> list[tuple[JsonPath, str]]:
+    return texts_of(block.get("content"), (*path, "content"))
+
+
+def _block(path: JsonPath) -> JsonPath | None:
+    """The content block a text at ``path`` belongs to (``...[j].text`` -> ``...[j]``); None for a string."""
+    return path[:-1] if path[-1] == "text" else None
+
+
+def _text_source(block: dict[str, Any]) -> str | None:
+    source = block.get("source")
+    if isinstance(source, dict) and source.get("type") == "text" and isinstance(source.get("data"), str):
+        return str(source["data"])
+    return None
+
+
+def plan_messages(raw: bytes, headers: Mapping[str, str], settings: ProxySettings) -> ContextPlan:
+    """The context of a Messages API request body (see the module docstring); RequestError when invalid."""
+    body, options, ext_docs = parse_request(raw, headers, check_messages_body)
+    plan = ContextPlan(raw=raw, body=body, tag=settings.document_tag, query=None, options=options)
+    plan.has_extension_field = EXTENSION_FIELD in body
+    plan.placer = _place
+    for system_path, text in texts_of(body.get("system"), ("system",)):
+        plan.add_text(system_path, text, item=_block(system_path))
+    messages = body["messages"]
+    asking = [i for i, m in enumerate(messages) if _has_text(m)]
+    turn = asking[-1] if asking else 0
+    whole_min = settings.tool_min_chars if settings.tool_messages else None
+    for i in range(turn, len(messages)):
+        m = messages[i]
+        if m.get("role") != "user":
+            continue
+        content = m.get("content")
+        if isinstance(content, str):
+            plan.add_text(("messages", i, "content"), content)
+            continue
+        for j, block in enumerate(content if isinstance(content, list) else []):
+            path = ("messages", i, "content", j)
+            kind = block.get("type")
+            if kind == "text" and isinstance(block.get("text"), str):
+                plan.add_text((*path, "text"), block["text"], item=path)
+            elif kind == "document" and (data := _text_source(block)) is not None:
+                title = block.get("title") if isinstance(block.get("title"), str) else None
+                plan.add_whole((*path, "source", "data"), data, title or None, item=path)
+            elif kind == "tool_result":
+                for tool_path, text in _tool_texts(block, path):
+                    plan.add_text(tool_path, text, whole_min, _block(tool_path))
+    plan.add_extension(ext_docs)
+    plan.set_query([t for _, t in texts_of(messages[asking[-1]].get("content"), ())] if asking else [])
+    return plan
+
+
+def _place(plan: ContextPlan, editor: JsonEditor, values: dict[JsonPath, str], ext_text: str) -> list[Edit]:
+    """Insert the extension documents: at the end of a string ``system`` prompt (``placement: "system"``), else
+    first in the question's message."""
+    system = plan.body.get("system")
+    if plan.options.placement == "system" and isinstance(system, str):
+        values[("system",)] = values.get(("system",), system) + "\n\n" + ext_text
+        return []
+    messages = plan.body["messages"]
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    asking = [i for i in users if _has_text(messages[i])] or users
+    if asking:
+        i = asking[-1]
+        placed = place_first(editor, values, ("messages", i, "content"), messages[i].get("content"), "text", ext_text)
+        if placed is not None:
+            return placed
+    raise RewriteError("no user message to place the documents in")
+
+
+class AnthropicMessages(ContextFlow):
+    """The Messages API flow of one app: Anthropic-shaped errors, ``--upstream-api-key`` as ``x-api-key``."""
+
+    def __init__(self, state: ProxyState, engine: Engine | None = None) -> None:
+        super().__init__(state, plan_messages, fmt="anthropic", key_header="x-api-key", engine=engine)
