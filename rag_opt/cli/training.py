@@ -27,12 +27,6 @@ def register(sub: Any) -> None:
     p = sub.add_parser("train-probe", help="train the sentence-relevance probe on HotpotQA")
     _add_probe_args(p, data=_HOTPOT_HELP, model_features=True)
     p.add_argument(
-        "--context",
-        default=None,
-        help="second-stage context features, comma-separated, or 'none' (default: the shipped probe's: "
-        "own,named_by_other,names_other)",
-    )
-    p.add_argument(
         "--nq",
         type=nonneg_int,
         default=0,
@@ -61,6 +55,12 @@ def _add_probe_args(p: argparse.ArgumentParser, *, data: str, model_features: bo
     p.add_argument("--out", required=True, help="where to write the probe JSON")
     p.add_argument("--limit", type=nonneg_int, help="use the first N questions (after shuffling; default all)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--context",
+        default=None,
+        help="second-stage context features, comma-separated, or 'none' (default: the shipped probe's: "
+        "own,named_by_other,names_other)",
+    )
     if model_features:
         p.add_argument("--cache", default=None, help="feature cache folder (default: <rag-opt cache>/features)")
         p.add_argument("--l2", type=float, default=None, help="L2 strength (default: chosen on held-out questions)")
@@ -204,7 +204,11 @@ def _train_lexical_probe(args: argparse.Namespace) -> int:
     from rag_opt.training.lexical_probe import train_lexical_probe
 
     probe = train_lexical_probe(
-        _data(args.data, "hotpotqa", "train.jsonl.gz"), args.out, limit=args.limit, seed=args.seed
+        _data(args.data, "hotpotqa", "train.jsonl.gz"),
+        args.out,
+        limit=args.limit,
+        seed=args.seed,
+        context=_context(args.context),
     )
     print(f"lexical probe written to {args.out}: {probe.metadata['trained_on']}, l2 {probe.metadata['l2']}")
     return 0

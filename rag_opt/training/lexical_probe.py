@@ -8,10 +8,12 @@ use every training question.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from rag_opt.compressors.context_features import DEFAULT_CONTEXT
 from rag_opt.compressors.features import FeatureLayout, lexical_features
 from rag_opt.compressors.lexical_scorer import LEXICAL_MODEL, word_counts
 from rag_opt.compressors.probe import Probe
@@ -29,14 +31,17 @@ LAYOUT = FeatureLayout(("lexical",), 0, 0)
 
 
 def build_lexical_training_set(
-    examples: list[HotpotExample], *, progress: bool = True
+    examples: list[HotpotExample], *, progress: bool = True, tables: list[UnitTable] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(X, y, group) over the sentence units of every example."""
+    """(X, y, group) over the sentence units of every example (``tables``: a list to append their unit tables to,
+    for the context stage)."""
     from tqdm.auto import tqdm
 
     xs, ys, gs = [], [], []
     for g, ex in enumerate(tqdm(examples, desc="lexical features", disable=not progress, mininterval=5.0)):
         units = UnitTable.titled(hotpot_units(ex))
+        if tables is not None:
+            tables.append(units)
         X = lexical_features(ex.question, units, word_counts(units))
         labels = np.concatenate([[False, *lab] for lab in unit_labels(ex)])
         xs.append(X[units.candidate])
@@ -48,11 +53,19 @@ def build_lexical_training_set(
 
 
 def train_lexical_probe(
-    data: str | Path, out: str | Path, *, limit: int | None = None, seed: int = 0, progress: bool = True
+    data: str | Path,
+    out: str | Path,
+    *,
+    limit: int | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    context: Sequence[str] | None = DEFAULT_CONTEXT,
 ) -> Probe:
-    """Train the lexical probe on HotpotQA ``data`` (JSONL(.gz)) and write it to ``out`` as JSON."""
+    """Train the lexical probe on HotpotQA ``data`` (JSONL(.gz)) and write it to ``out`` as JSON; ``context``: the
+    second stage's features (None: none), as for the attention probe."""
     examples = read_hotpotqa(data, limit=limit, seed=seed)
-    X, y, groups = build_lexical_training_set(examples, progress=progress)
+    tables: list[UnitTable] = []
+    X, y, groups = build_lexical_training_set(examples, progress=progress, tables=tables)
     l2, losses = choose_l2(X, y, groups, seed=seed)
     probe = fit_probe(
         X,
@@ -61,6 +74,9 @@ def train_lexical_probe(
         LEXICAL_MODEL,
         l2=l2,
         seed=seed,
+        groups=groups,
+        context=context,
+        tables=tables,
         meta={
             "kind": "lexical tier (no model)",
             "trained_on": f"{Path(data).parent.name}/{Path(data).name}: {len(examples)} questions, {len(y)} sentences",
@@ -70,6 +86,7 @@ def train_lexical_probe(
             "l2": l2,
             "l2_heldout_logloss": {str(k): v for k, v in losses.items()},
             "length_feature": "log1p(words)",
+            "context_stage": list(context or []),
         },
     )
     probe.save(out)
