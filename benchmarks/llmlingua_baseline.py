@@ -137,6 +137,26 @@ def load_compressor(model: str | None = None) -> tuple[Any, Path]:
     return comp, folder
 
 
+def compress(comp: Any, docs: list[str], question: str, rate: float) -> str:
+    """LongLLMLingua's RAG recipe (see the module docstring) on ``docs``; the compressed context alone."""
+    import torch
+
+    with torch.inference_mode():
+        res = comp.compress_prompt(
+            docs,
+            question=question,
+            rate=rate,
+            condition_in_question="after_condition",
+            reorder_context="sort",
+            dynamic_context_compression_ratio=0.3,
+            condition_compare=True,
+            context_budget="+100",
+            rank_method="longllmlingua",
+            concate_question=False,
+        )
+    return str(res["compressed_prompt"])
+
+
 def _with_architectures(folder: Path, tmp: Path) -> Path:
     """A view of ``folder`` whose config.json names its architecture (llmlingua reads ``config.architectures``).
 
@@ -227,21 +247,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for i, ex in enumerate(tqdm(hotpot, desc=f"LongLLMLingua r={r:.3f}")):
             docs = [f"{t}\n{ex.paragraph_text(p)}" for p, t in enumerate(ex.titles)]
             t = time.perf_counter()
-            with torch.inference_mode():
-                res = comp.compress_prompt(
-                    docs,
-                    question=ex.question,
-                    rate=r,
-                    condition_in_question="after_condition",
-                    reorder_context="sort",
-                    dynamic_context_compression_ratio=0.3,
-                    condition_compare=True,
-                    context_budget="+100",
-                    rank_method="longllmlingua",
-                    concate_question=False,
-                )
+            compressed = compress(comp, docs, ex.question, r)
             lat.append(time.perf_counter() - t)
-            compressed = res["compressed_prompt"]
             row = hotpot_metrics(ex, compressed, "\n\n".join(docs), count)
             rows.append(row)
             logger.info("q%d %s latency %.1f s %s", i, ex.id, lat[-1], json.dumps(row))
