@@ -239,14 +239,15 @@ def llmlingua_compressor(conditions: list[Condition]) -> tuple[Any | None, str |
 
 
 # -- the run ----------------------------------------------------------------------------------------------------------
-def load_cache(path: Path, signature: str) -> dict[tuple[str, str], dict[str, Any]]:
-    cache: dict[tuple[str, str], dict[str, Any]] = {}
+def load_cache(path: Path, signature: str) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Cached answers by (condition, question id, digest of the context the reader was given)."""
+    cache: dict[tuple[str, str, str], dict[str, Any]] = {}
     if path.is_file():
         for line in path.read_text().splitlines():
             if line.strip():
                 row = json.loads(line)
                 if row.get("signature") == signature:
-                    cache[(row["condition"], row["id"])] = row
+                    cache[(row["condition"], row["id"], row.get("context_sha256", ""))] = row
     return cache
 
 
@@ -290,19 +291,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for cond in conditions[shift:] + conditions[:shift]:  # interleaved, in a rotating order
                 if cond.kind == "llmlingua" and i >= args.llmlingua_questions:
                     continue
-                row = cache.get((cond.key, ex.id))
+                # the context is always built, and the reader's answer is reused only for the very same context:
+                # a new probe (or any change to the pipeline) re-asks the reader where the context changed
+                if full_tokens is None:
+                    full_tokens = contexts.full_tokens(ex)
+                t = time.perf_counter()
+                context, tokens = contexts.build(cond, ex)
+                t_ctx = time.perf_counter() - t
+                digest = hashlib.sha256(context.encode()).hexdigest()[:16]
+                row = cache.get((cond.key, ex.id, digest))
                 if row is None:
-                    if full_tokens is None:
-                        full_tokens = contexts.full_tokens(ex)
-                    t = time.perf_counter()
-                    context, tokens = contexts.build(cond, ex)
-                    t_ctx = time.perf_counter() - t
                     t = time.perf_counter()
                     raw = reader.answer(ex.question, context)
                     row = {
                         "signature": reader.signature,
                         "condition": cond.key,
                         "id": ex.id,
+                        "context_sha256": digest,
                         "raw": raw,
                         "prediction": postprocess(raw),
                         "context_tokens": tokens,

@@ -53,6 +53,12 @@ def main() -> None:
     ap.add_argument("--train-limit", type=int, default=None)
     ap.add_argument("--select", default="200:400", help="dev questions (slice of the seeded shuffle)")
     ap.add_argument("--ratio", type=float, default=1 / 3)
+    ap.add_argument(
+        "--min-gain",
+        type=float,
+        default=0.01,
+        help="forward selection adds a feature only when recall + answer kept rise by this much (default 0.01)",
+    )
     ap.add_argument("--out", default=str(RESULTS / "context_ablation.json"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO)
@@ -105,7 +111,7 @@ def main() -> None:
         if not trials:
             break
         name = max(trials, key=lambda k: trials[k])
-        if trials[name] <= best + 0.005:
+        if trials[name] < best + args.min_gain:
             break
         chosen, best = (*chosen, name), trials[name]
     print(f"train questions: {len(train)}, dev questions {args.select}: {len(dev)}, ratio {args.ratio:.3f}")

@@ -61,6 +61,23 @@ def test_doc_features_are_calibrated_shares_and_lexical():
     np.testing.assert_allclose(ratio, expected, rtol=1e-5)
 
 
+def test_position_and_lexical_rank_blocks():
+    attn = _attn()
+    texts = ["x\ny", "Paris\nParis is the capital of France.", "z\nw", "France\nFrance is a country."]
+    blocks = ("doc_lexical", "doc_lexical_rank", "doc_position", "doc_edge_lexical")
+    lay = FeatureLayout(blocks, 3, 2, level="document")
+    X = build_doc_features(lay, attn, "What is the capital of France?", texts, None)
+    assert X.shape == (4, 3 + 2 + 3 + 10) == (4, lay.size)
+    lexical, rank, position, edges = X[:, :3], X[:, 3:5], X[:, 5:8], X[:, 8:]
+    assert rank[1].tolist() == [0.0, 1.0] and rank[3, 0] == pytest.approx(1 / 3)  # BM25 best, then second
+    assert rank[:, 1].sum() == 1.0
+    np.testing.assert_allclose(position, [[1, 0, 0], [0, 0, 1 / 3], [0, 0, 2 / 3], [0, 1, 1]], rtol=1e-6)
+    # lexical × first slot, then lexical × last slot; zero in the middle slots
+    np.testing.assert_allclose(edges[0, :5], np.concatenate([lexical[0], rank[0]]), rtol=1e-6)
+    np.testing.assert_allclose(edges[3, 5:], np.concatenate([lexical[3], rank[3]]), rtol=1e-6)
+    assert not edges[1:3].any() and not edges[0, 5:].any() and not edges[3, :5].any()
+
+
 def test_doc_features_refuse_what_they_cannot_compute():
     lay = FeatureLayout(("doc_cal_last",), 3, 2, level="document")
     with pytest.raises(ValueError, match="needs a calibration profile"):

@@ -59,7 +59,7 @@ def _add_probe_args(p: argparse.ArgumentParser, *, data: str, model_features: bo
         "--context",
         default=None,
         help="second-stage context features, comma-separated, or 'none' (default: the shipped probe's: "
-        "own,named_by_other,names_other)",
+        "own,named_by_other,rank_in_doc)",
     )
     if model_features:
         p.add_argument("--cache", default=None, help="feature cache folder (default: <rag-opt cache>/features)")

@@ -46,9 +46,10 @@ CONTEXT_FEATURES = (
     "names_other",
 )
 
-# chosen by forward selection on HotpotQA dev questions 200-400 (benchmarks/context_ablation.py): the title links
-# between documents carry the multi-hop gain; the other context features did not move held-out numbers
-DEFAULT_CONTEXT = ("own", "named_by_other", "names_other")
+# chosen by forward selection on HotpotQA dev questions 200-400 (benchmarks/context_ablation.py, a feature is kept
+# when supporting-fact recall + answer kept rise by at least 0.01): the title links between documents carry the
+# multi-hop gain (+0.05 recall); the rank within the document adds a little answer retention; the rest did not help
+DEFAULT_CONTEXT = ("own", "named_by_other", "rank_in_doc")
 
 _PAREN = re.compile(r"\s*\([^)]*\)\s*$")
 
