@@ -74,17 +74,20 @@ def nq_method_scores(
     q = inst.example.question
     units = inst.units()
     mass = attn.doc_mass.astype(np.float64)  # (n_docs, views, L, H)
+    best = None  # the sentence probe's best logit per document (what optimize() gives the document probe)
+    if sentence_probe is not None:
+        cu = UnitTable.titled(units)
+        unit = np.clip(sentence_probe.unit_scores(build_features(sentence_probe.layout, attn, q, cu), cu), 1e-12, 1)
+        best = cu.doc_best(np.log(unit / np.maximum(1 - unit, 1e-12)))
     out = {
         "raw attention": mass[:, LAST].mean(axis=(1, 2)),
         "calibrated attention (FITM)": prof.calibrate(mass)[:, LAST].mean(axis=(1, 2)),
-        "rag-opt (doc probe, calibrated)": document_relevance(doc_probe, attn, q, units, prof),
+        "rag-opt (doc probe, calibrated)": document_relevance(doc_probe, attn, q, units, prof, best_sentence=best),
     }
     for label, probe in compare.items():
-        out[label] = document_relevance(probe, attn, q, units, prof)
-    if sentence_probe is not None:
-        cu = UnitTable.titled(units)
-        unit = sentence_probe.predict_proba(build_features(sentence_probe.layout, attn, q, cu))
-        out["best sentence (sentence probe)"] = cu.doc_best(np.asarray(unit, dtype=np.float64))
+        out[label] = document_relevance(probe, attn, q, units, prof, best_sentence=best)
+    if best is not None:
+        out["best sentence (sentence probe)"] = best
     out["BM25"] = bm25_scores(q, ["".join(u) for u in units])
     out["retriever order"] = -np.arange(inst.n_docs, dtype=np.float64)
     return out

@@ -45,12 +45,14 @@ def document_relevance(
     doc_units: Sequence[Sequence[str]],
     profile: PositionProfile | None,
     language: str = "en",
+    best_sentence: np.ndarray | None = None,
 ) -> np.ndarray:
     """Probability that each document (in prompt order) is relevant, from calibrated per-head attention.
 
     ``doc_units`` are the documents as rendered (unit strings, concatenated verbatim). ``profile`` must be the
     calibration profile of the proxy model for exactly ``len(doc_units)`` documents when the probe uses
-    calibrated blocks. ``language`` chooses the stopwords of lexical features.
+    calibrated blocks. ``language`` chooses the stopwords of lexical features. ``best_sentence``: the sentence
+    probe's best logit per document, for probes with the ``doc_best_sentence`` block.
     """
     if probe.layout.level != "document":
         raise ProbeMismatchError(f"document_relevance needs a document-level probe, got level {probe.layout.level!r}")
@@ -60,5 +62,6 @@ def document_relevance(
         # the profile must be the probe model's, for exactly these many documents (raises a clear error)
         profile.check(probe.model, n, profile.template)
         baseline = profile.baseline
-    X = build_doc_features(probe.layout, attn, question, ["".join(d) for d in doc_units], baseline, language)
+    texts = ["".join(d) for d in doc_units]
+    X = build_doc_features(probe.layout, attn, question, texts, baseline, language, best_sentence)
     return np.asarray(probe.predict_proba(X), dtype=np.float64)

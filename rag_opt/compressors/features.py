@@ -29,7 +29,10 @@ use one row per document and these blocks:
 * ``doc_position``: where the document sits — first slot, last slot, relative position — so a probe trained at
   mixed N can correct what calibration leaves at the edges;
 * ``doc_edge_lexical``: ``doc_lexical`` and ``doc_lexical_rank`` again, but only at the first and at the last
-  slot (zero elsewhere): position × lexical interactions for the slots where attention is least reliable.
+  slot (zero elsewhere): position × lexical interactions for the slots where attention is least reliable;
+* ``doc_best_sentence``: the sentence probe's best logit among the document's sentences, raw and relative to
+  the context's best (the sentence probe reads each sentence's own attention, which the first slots' attention
+  sink distorts less than the document's total share).
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ DEFAULT_BLOCKS = ("attn_last", "attn_question", "doc_attn_question", "lexical")
 DOC_LEXICAL_NAMES = ("bm25_rel", "bm25_log", "overlap")
 DOC_LEXICAL_RANK_NAMES = ("bm25_rank", "bm25_best")
 DOC_POSITION_NAMES = ("first", "last", "relative")
+DOC_SENTENCE_NAMES = ("best_sentence", "best_sentence_gap")
 DOC_BLOCKS = (
     "doc_cal_last",
     "doc_cal_question",
@@ -91,6 +95,7 @@ DOC_BLOCKS = (
     "doc_lexical_rank",
     "doc_position",
     "doc_edge_lexical",
+    "doc_best_sentence",
 )
 LEVELS = {"unit": ALL_BLOCKS, "document": DOC_BLOCKS}
 
@@ -123,6 +128,8 @@ class FeatureLayout:
             return len(DOC_POSITION_NAMES)
         if block == "doc_edge_lexical":
             return 2 * (len(DOC_LEXICAL_NAMES) + len(DOC_LEXICAL_RANK_NAMES))
+        if block == "doc_best_sentence":
+            return len(DOC_SENTENCE_NAMES)
         return self.num_layers * self.num_heads
 
     @property
@@ -212,11 +219,13 @@ def build_doc_features(
     doc_texts: Sequence[str],
     baseline: np.ndarray | None,
     language: str = "en",
+    best_sentence: np.ndarray | None = None,
 ) -> np.ndarray:
     """Feature matrix (n_docs, layout.size), one row per document in prompt order.
 
     ``baseline`` is the calibration profile's per-slot share (n_docs, n_views, L, H); the ``doc_cal_*``
-    blocks need it. ``language`` chooses the stopwords of the ``doc_lexical`` block.
+    blocks need it. ``language`` chooses the stopwords of the ``doc_lexical`` block. ``best_sentence``: the
+    sentence probe's best logit per document (n_docs,), which the ``doc_best_sentence`` block needs.
     """
     if layout.level != "document":
         raise ValueError(f"build_doc_features needs a document-level layout, got level {layout.level!r}")
@@ -232,6 +241,10 @@ def build_doc_features(
     calibrated = [b for b in layout.blocks if b.startswith(("doc_cal_", "doc_ratio_"))]
     if calibrated and baseline is None:
         raise ValueError(f"feature block {calibrated[0]!r} needs a calibration profile")
+    if "doc_best_sentence" in layout.blocks and (best_sentence is None or np.shape(best_sentence) != (n,)):
+        raise ValueError(
+            f"feature block 'doc_best_sentence' needs the best sentence logit of each of the {n} documents"
+        )
     if calibrated and baseline is not None and baseline.shape != mass.shape:
         raise ValueError(f"calibration baseline {baseline.shape} does not match attention {mass.shape}")
     lexical_blocks = {"doc_lexical", "doc_lexical_rank", "doc_edge_lexical"}
@@ -257,6 +270,9 @@ def build_doc_features(
         elif block == "doc_edge_lexical":
             pos = _doc_position(n)
             blocks.append(np.concatenate([lexical * pos[:, :1], lexical * pos[:, 1:2]], axis=1))
+        elif block == "doc_best_sentence":
+            best = np.asarray(best_sentence, dtype=np.float64)
+            blocks.append(np.stack([best, best - best.max()], axis=1))
     return np.concatenate(blocks, axis=1).astype(np.float32)
 
 

@@ -75,6 +75,11 @@ class SentinelCompressor:
                 proxy.name,
             )
         self.doc_probe: Probe | None = _resolve_probe(doc_probe, proxy, "document")
+        if self.doc_probe is not None and self.probe is None and "doc_best_sentence" in self.doc_probe.layout.blocks:
+            raise ProbeMismatchError(
+                "this document probe reads the sentence probe's scores (block 'doc_best_sentence'): it needs a "
+                "sentence probe too"
+            )
         if profiles == "auto":
             profiles = ProfileStore()
         elif isinstance(profiles, str):
@@ -139,7 +144,9 @@ class SentinelCompressor:
         if self.probe is not None:
             feats = build_features(self.probe.layout, attn, question, units)
             unit_scores = self.probe.unit_scores(feats, units)
+            best_logit = units.doc_best(_logit(np.asarray(unit_scores, dtype=np.float64)))
         else:
+            best_logit = None
             unit_scores = attn.unit[:, 1].mean(axis=(1, 2)).astype(np.float64)
         unit = np.asarray(unit_scores, dtype=np.float64)
         doc_raw = units.doc_best(unit)
@@ -158,7 +165,9 @@ class SentinelCompressor:
                     f"of proxy model {self.proxy.name} (build one with `rag-opt calibrate --n-docs {n_docs}`)"
                 )
             else:
-                doc = document_relevance(self.doc_probe, attn, question, docs, profile, units.language)
+                doc = document_relevance(
+                    self.doc_probe, attn, question, docs, profile, units.language, best_sentence=best_logit
+                )
                 calibrated = True
         return Scores(
             unit=unit,
@@ -174,6 +183,11 @@ class SentinelCompressor:
     def profile(self, n_docs: int) -> PositionProfile | None:
         """The calibration profile of this proxy for ``n_docs`` documents, if any (parsed once per file)."""
         return self.profiles.get(self.proxy.name, n_docs) if self.profiles is not None else None
+
+
+def _logit(p: np.ndarray) -> np.ndarray:
+    q = np.clip(p, 1e-12, 1 - 1e-12)
+    return np.log(q / (1 - q))
 
 
 def _resolve_probe(spec: Probe | None | str, proxy: ProxyModel, level: str) -> Probe | None:

@@ -116,8 +116,16 @@ def build_doc_training_set(
     features: dict[str, AttentionFeatures],
     layout: FeatureLayout,
     profiles: dict[int, PositionProfile],
+    sentence_probe: Probe | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(X, y, group): one row per document of every instance with cached features."""
+    """(X, y, group): one row per document of every instance with cached features. ``sentence_probe``: the
+    sentence probe whose best logit per document the ``doc_best_sentence`` block reads (train with one that has
+    not seen these contexts' answer sentences, so the document probe does not learn to over-trust it)."""
+    from rag_opt.compressors.features import build_features
+    from rag_opt.text.units import UnitTable
+
+    if "doc_best_sentence" in layout.blocks and sentence_probe is None:
+        raise InvalidInputError("the 'doc_best_sentence' block needs a sentence probe")
     xs, ys, gs = [], [], []
     for g, inst in enumerate(instances):
         attn = features.get(inst.id)
@@ -125,8 +133,19 @@ def build_doc_training_set(
             continue
         prof = profiles.get(inst.n_docs)
         units = inst.units()
+        best = None
+        if sentence_probe is not None and "doc_best_sentence" in layout.blocks:
+            table = UnitTable.titled(units)
+            feats = build_features(sentence_probe.layout, attn, inst.example.question, table)
+            p = np.clip(sentence_probe.unit_scores(feats, table), 1e-12, 1 - 1e-12)
+            best = table.doc_best(np.log(p / (1 - p)))
         X = build_doc_features(
-            layout, attn, inst.example.question, ["".join(u) for u in units], prof.baseline if prof else None
+            layout,
+            attn,
+            inst.example.question,
+            ["".join(u) for u in units],
+            prof.baseline if prof else None,
+            best_sentence=best,
         )
         y = np.zeros(inst.n_docs)
         y[inst.gold_at] = 1.0
@@ -197,10 +216,11 @@ def train_doc_probe(
     l2: float | None = None,
     seed: int = 0,
     meta: dict[str, Any] | None = None,
+    sentence_probe: Probe | None = None,
 ) -> tuple[Probe, dict[str, Any]]:
     """Fit the document probe; returns it with a report (l2 choice, cross-validated recall)."""
     layout = FeatureLayout(blocks, num_layers, num_heads, level="document")
-    X, y, groups = build_doc_training_set(instances, features, layout, profiles)
+    X, y, groups = build_doc_training_set(instances, features, layout, profiles, sentence_probe)
     losses: dict[float, float] = {}
     if l2 is None:
         l2, losses = choose_l2(X, y, groups, grid=(1e-2, 3e-2, 1e-1, 3e-1, 1.0), seed=seed)
