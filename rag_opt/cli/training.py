@@ -26,6 +26,7 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("train-probe", help="train the sentence-relevance probe on HotpotQA")
     _add_probe_args(p, data=_HOTPOT_HELP, model_features=True)
+    _add_context(p)
     p.add_argument(
         "--nq",
         type=nonneg_int,
@@ -39,10 +40,22 @@ def register(sub: Any) -> None:
     _add_probe_args(p, data="NQ multi-doc JSONL(.gz) (default ../shared/data/nq_multidoc)", model_features=True)
     p.add_argument("--n-docs", default="20", help="comma-separated numbers of documents to train with (default 20)")
     p.add_argument("--store", default=None, help="calibration profile folder (default <rag-opt cache>/calibration)")
+    p.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="train on the contexts whose features are already cached (no forward pass), e.g. while an extraction "
+        "is still running",
+    )
+    p.add_argument(
+        "--sentence-probe",
+        default=None,
+        help="sentence probe whose scores the doc_best_sentence block reads (default: the shipped one)",
+    )
     p.set_defaults(handler=_train_doc_probe)
 
     p = sub.add_parser("train-lexical-probe", help="train the lexical-tier probe on HotpotQA (no model needed)")
     _add_probe_args(p, data=_HOTPOT_HELP, model_features=False)
+    _add_context(p)
     p.set_defaults(handler=_train_lexical_probe)
 
 
@@ -55,18 +68,21 @@ def _add_probe_args(p: argparse.ArgumentParser, *, data: str, model_features: bo
     p.add_argument("--out", required=True, help="where to write the probe JSON")
     p.add_argument("--limit", type=nonneg_int, help="use the first N questions (after shuffling; default all)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--context",
-        default=None,
-        help="second-stage context features, comma-separated, or 'none' (default: the shipped probe's: "
-        "own,named_by_other,rank_in_doc)",
-    )
     if model_features:
         p.add_argument("--cache", default=None, help="feature cache folder (default: <rag-opt cache>/features)")
         p.add_argument("--l2", type=float, default=None, help="L2 strength (default: chosen on held-out questions)")
         p.add_argument("--blocks", default=None, help="comma-separated feature blocks (default: the shipped ones)")
         _add_layers(p)
         add_model_args(p)
+
+
+def _add_context(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--context",
+        default=None,
+        help="second-stage context features, comma-separated, or 'none' (default: the shipped probe's: "
+        "own,named_by_other,rank_in_doc)",
+    )
 
 
 def _add_layers(p: argparse.ArgumentParser) -> None:
@@ -156,6 +172,9 @@ def _train_doc_probe(args: argparse.Namespace) -> int:
         l2=args.l2,
         blocks=_blocks(args.blocks),
         layers=args.layers,
+        dtype=args.dtype,
+        cached_only=args.cached_only,
+        sentence_probe=args.sentence_probe,
     )
     cv = report["cv_5fold"]
     print(

@@ -260,14 +260,27 @@ def train_doc_probe_cli(
     l2: float | None,
     blocks: tuple[str, ...] | None,
     layers: int | None = None,
+    dtype: str | None = None,
+    cached_only: bool = False,
+    sentence_probe: str | None = None,
 ) -> tuple[Probe, dict[str, Any]]:
     """Extract (or reuse cached) NQ-train features for each N, train the document probe, write it as JSON.
 
-    ``layers``: train on the first this many layers only (early exit)."""
+    ``layers``: train on the first this many layers only (early exit). ``dtype``: the proxy precision of the
+    features. ``cached_only``: use only contexts already cached (no forward pass). ``sentence_probe``: a path to
+    the sentence probe the ``doc_best_sentence`` block reads (default: the shipped one)."""
+    from rag_opt.compressors.probe import shipped_probe
     from rag_opt.models.loader import load_proxy_model
     from rag_opt.orderers.profiles import ProfileStore
 
-    proxy = load_proxy_model(model)
+    proxy = load_proxy_model(model, dtype=dtype)
+    blocks = blocks or DEFAULT_DOC_BLOCKS
+    sprobe = None
+    if "doc_best_sentence" in blocks:
+        sprobe = Probe.load(sentence_probe) if sentence_probe else shipped_probe(proxy.name)
+        if sprobe is None:
+            raise InvalidInputError(f"the 'doc_best_sentence' block needs a sentence probe for {proxy.name}")
+        sprobe.check_compatible(proxy.name, proxy.num_layers, proxy.num_heads)
     profile_store = ProfileStore(store)
     records = nq_records(data, "train")[:limit]
     profiles: dict[int, PositionProfile] = {}
@@ -282,9 +295,11 @@ def train_doc_probe_cli(
         profiles[n] = prof
         insts = random_positions(records, n, seed=seed)
         fstore = feature_store(cache_root, proxy, f"nq-train-n{n}", layers)
-        extract_nq(insts, fstore, proxy, layers=fstore.layers, desc=f"NQ train features, {n} documents")
-        features.update(fstore.load(i.id for i in insts))
-        instances.extend(insts)
+        if not cached_only:
+            extract_nq(insts, fstore, proxy, layers=fstore.layers, desc=f"NQ train features, {n} documents")
+        cached = fstore.load(i.id for i in insts)
+        features.update(cached)
+        instances.extend(i for i in insts if i.id in cached)
     probe, report = train_doc_probe(
         instances,
         features,
@@ -292,10 +307,16 @@ def train_doc_probe_cli(
         model_name=proxy.name,
         num_layers=layers or proxy.num_layers,
         num_heads=proxy.num_heads,
-        blocks=blocks or DEFAULT_DOC_BLOCKS,
+        blocks=blocks,
         l2=l2,
         seed=seed,
-        meta={"trained_on": f"nq_multidoc train split: {len(records)} questions × N in {list(n_docs)}"},
+        sentence_probe=sprobe,
+        meta={
+            "trained_on": "nq_multidoc train split: "
+            + ", ".join(f"{sum(i.n_docs == n for i in instances)} contexts of {n} documents" for n in n_docs),
+            "layers": layers or proxy.num_layers,
+            "precision": str(proxy.dtype).removeprefix("torch."),
+        },
     )
     probe.metadata["attention_sort"] = select_retrieval_heads(instances, features)
     logger.info("document probe: %s; retrieval heads %s", report, probe.metadata["attention_sort"])
