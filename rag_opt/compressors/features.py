@@ -32,7 +32,10 @@ use one row per document and these blocks:
   slot (zero elsewhere): position × lexical interactions for the slots where attention is least reliable;
 * ``doc_best_sentence``: the sentence probe's best logit among the document's sentences, raw and relative to
   the context's best (the sentence probe reads each sentence's own attention, which the first slots' attention
-  sink distorts less than the document's total share).
+  sink distorts less than the document's total share);
+* ``doc_early_interactions``: the best-sentence logit and gap, BM25 (relative) and BM25 rank, each times "first
+  slot" and times "earliness" (1 − relative position): lets a linear probe trust these signals more in the early
+  slots, where the document's attention share is least informative.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ __all__ = [
     "ALL_BLOCKS",
     "DEFAULT_BLOCKS",
     "DOC_BLOCKS",
+    "SENTENCE_BLOCKS",
     "FeatureLayout",
     "build_doc_features",
     "build_features",
@@ -84,6 +88,8 @@ DOC_LEXICAL_NAMES = ("bm25_rel", "bm25_log", "overlap")
 DOC_LEXICAL_RANK_NAMES = ("bm25_rank", "bm25_best")
 DOC_POSITION_NAMES = ("first", "last", "relative")
 DOC_SENTENCE_NAMES = ("best_sentence", "best_sentence_gap")
+# document blocks that read the sentence probe's best logit per document
+SENTENCE_BLOCKS = frozenset({"doc_best_sentence", "doc_early_interactions"})
 DOC_BLOCKS = (
     "doc_cal_last",
     "doc_cal_question",
@@ -96,6 +102,7 @@ DOC_BLOCKS = (
     "doc_position",
     "doc_edge_lexical",
     "doc_best_sentence",
+    "doc_early_interactions",
 )
 LEVELS = {"unit": ALL_BLOCKS, "document": DOC_BLOCKS}
 
@@ -130,6 +137,8 @@ class FeatureLayout:
             return 2 * (len(DOC_LEXICAL_NAMES) + len(DOC_LEXICAL_RANK_NAMES))
         if block == "doc_best_sentence":
             return len(DOC_SENTENCE_NAMES)
+        if block == "doc_early_interactions":
+            return 8
         return self.num_layers * self.num_heads
 
     @property
@@ -241,13 +250,14 @@ def build_doc_features(
     calibrated = [b for b in layout.blocks if b.startswith(("doc_cal_", "doc_ratio_"))]
     if calibrated and baseline is None:
         raise ValueError(f"feature block {calibrated[0]!r} needs a calibration profile")
-    if "doc_best_sentence" in layout.blocks and (best_sentence is None or np.shape(best_sentence) != (n,)):
+    needs_best = SENTENCE_BLOCKS & set(layout.blocks)
+    if needs_best and (best_sentence is None or np.shape(best_sentence) != (n,)):
         raise ValueError(
             f"feature block 'doc_best_sentence' needs the best sentence logit of each of the {n} documents"
         )
     if calibrated and baseline is not None and baseline.shape != mass.shape:
         raise ValueError(f"calibration baseline {baseline.shape} does not match attention {mass.shape}")
-    lexical_blocks = {"doc_lexical", "doc_lexical_rank", "doc_edge_lexical"}
+    lexical_blocks = {"doc_lexical", "doc_lexical_rank", "doc_edge_lexical", "doc_early_interactions"}
     lexical = _doc_lexical(question, doc_texts, language) if lexical_blocks & set(layout.blocks) else np.zeros((n, 5))
     blocks: list[np.ndarray] = []
     for block in layout.blocks:
@@ -273,6 +283,11 @@ def build_doc_features(
         elif block == "doc_best_sentence":
             best = np.asarray(best_sentence, dtype=np.float64)
             blocks.append(np.stack([best, best - best.max()], axis=1))
+        elif block == "doc_early_interactions":
+            best = np.asarray(best_sentence, dtype=np.float64)
+            signals = np.stack([best, best - best.max(), lexical[:, 0], lexical[:, 3]], axis=1)
+            pos = _doc_position(n)
+            blocks.append(np.concatenate([signals * pos[:, :1], signals * (1.0 - pos[:, 2:3])], axis=1))
     return np.concatenate(blocks, axis=1).astype(np.float32)
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from rag_opt.compressors.base import Scores
 from rag_opt.compressors.doc_relevance import document_relevance
-from rag_opt.compressors.features import build_features
+from rag_opt.compressors.features import SENTENCE_BLOCKS, build_features
 from rag_opt.compressors.probe import Probe, shipped_probe
 from rag_opt.errors import InvalidInputError, ProbeMismatchError
 from rag_opt.models.extract import AttentionFeatures, extract, extract_batch
@@ -75,10 +75,10 @@ class SentinelCompressor:
                 proxy.name,
             )
         self.doc_probe: Probe | None = _resolve_probe(doc_probe, proxy, "document")
-        if self.doc_probe is not None and self.probe is None and "doc_best_sentence" in self.doc_probe.layout.blocks:
+        if self.doc_probe is not None and self.probe is None and SENTENCE_BLOCKS & set(self.doc_probe.layout.blocks):
             raise ProbeMismatchError(
-                "this document probe reads the sentence probe's scores (block 'doc_best_sentence'): it needs a "
-                "sentence probe too"
+                f"this document probe reads the sentence probe's scores ({', '.join(sorted(SENTENCE_BLOCKS))}): "
+                "it needs a sentence probe too"
             )
         if profiles == "auto":
             profiles = ProfileStore()

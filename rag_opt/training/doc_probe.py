@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rag_opt.compressors.doc_relevance import DEFAULT_DOC_BLOCKS
-from rag_opt.compressors.features import FeatureLayout, build_doc_features
+from rag_opt.compressors.features import SENTENCE_BLOCKS, FeatureLayout, build_doc_features
 from rag_opt.compressors.probe import Probe
 from rag_opt.errors import InvalidInputError
 from rag_opt.models.extract import AttentionFeatures
@@ -124,8 +124,8 @@ def build_doc_training_set(
     from rag_opt.compressors.features import build_features
     from rag_opt.text.units import UnitTable
 
-    if "doc_best_sentence" in layout.blocks and sentence_probe is None:
-        raise InvalidInputError("the 'doc_best_sentence' block needs a sentence probe")
+    if SENTENCE_BLOCKS & set(layout.blocks) and sentence_probe is None:
+        raise InvalidInputError("the document blocks that read sentence scores need a sentence probe")
     xs, ys, gs = [], [], []
     for g, inst in enumerate(instances):
         attn = features.get(inst.id)
@@ -134,7 +134,7 @@ def build_doc_training_set(
         prof = profiles.get(inst.n_docs)
         units = inst.units()
         best = None
-        if sentence_probe is not None and "doc_best_sentence" in layout.blocks:
+        if sentence_probe is not None and SENTENCE_BLOCKS & set(layout.blocks):
             table = UnitTable.titled(units)
             feats = build_features(sentence_probe.layout, attn, inst.example.question, table)
             p = np.clip(sentence_probe.unit_scores(feats, table), 1e-12, 1 - 1e-12)
@@ -276,10 +276,12 @@ def train_doc_probe_cli(
     proxy = load_proxy_model(model, dtype=dtype)
     blocks = blocks or DEFAULT_DOC_BLOCKS
     sprobe = None
-    if "doc_best_sentence" in blocks:
+    if SENTENCE_BLOCKS & set(blocks):
         sprobe = Probe.load(sentence_probe) if sentence_probe else shipped_probe(proxy.name)
         if sprobe is None:
-            raise InvalidInputError(f"the 'doc_best_sentence' block needs a sentence probe for {proxy.name}")
+            raise InvalidInputError(
+                f"the document blocks that read sentence scores need a sentence probe for {proxy.name}"
+            )
         sprobe.check_compatible(proxy.name, proxy.num_layers, proxy.num_heads)
     profile_store = ProfileStore(store)
     records = nq_records(data, "train")[:limit]
