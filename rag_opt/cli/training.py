@@ -80,8 +80,7 @@ def _add_context(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--context",
         default=None,
-        help="second-stage context features, comma-separated, or 'none' (default: the shipped probe's: "
-        "own,named_by_other,rank_in_doc)",
+        help="second-stage context features, comma-separated, or 'none' (default: those of the shipped probe)",
     )
 
 
@@ -227,7 +226,7 @@ def _train_lexical_probe(args: argparse.Namespace) -> int:
         args.out,
         limit=args.limit,
         seed=args.seed,
-        context=_context(args.context),
+        **({} if args.context is None else {"context": _context(args.context)}),
     )
     print(f"lexical probe written to {args.out}: {probe.metadata['trained_on']}, l2 {probe.metadata['l2']}")
     return 0
