@@ -219,14 +219,14 @@ def _context(arg: str | None) -> tuple[str, ...] | None:
 
 
 def _train_lexical_probe(args: argparse.Namespace) -> int:
-    from rag_opt.training.lexical_probe import train_lexical_probe
+    from rag_opt.training.lexical_probe import LEXICAL_CONTEXT, train_lexical_probe
 
     probe = train_lexical_probe(
         _data(args.data, "hotpotqa", "train.jsonl.gz"),
         args.out,
         limit=args.limit,
         seed=args.seed,
-        **({} if args.context is None else {"context": _context(args.context)}),
+        context=LEXICAL_CONTEXT if args.context is None else _context(args.context),
     )
     print(f"lexical probe written to {args.out}: {probe.metadata['trained_on']}, l2 {probe.metadata['l2']}")
     return 0
