@@ -47,6 +47,12 @@ def register(sub: Any) -> None:
         "is still running",
     )
     p.add_argument(
+        "--first-slot",
+        type=nonneg_int,
+        default=0,
+        help="also train on the first K questions with the gold passage in the first slot, for each N (default 0)",
+    )
+    p.add_argument(
         "--sentence-probe",
         default=None,
         help="sentence probe whose scores the doc_best_sentence block reads (default: the shipped one)",
@@ -174,6 +180,7 @@ def _train_doc_probe(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         cached_only=args.cached_only,
         sentence_probe=args.sentence_probe,
+        first_slot=args.first_slot,
     )
     cv = report["cv_5fold"]
     print(

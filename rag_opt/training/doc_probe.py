@@ -263,12 +263,15 @@ def train_doc_probe_cli(
     dtype: str | None = None,
     cached_only: bool = False,
     sentence_probe: str | None = None,
+    first_slot: int = 0,
 ) -> tuple[Probe, dict[str, Any]]:
     """Extract (or reuse cached) NQ-train features for each N, train the document probe, write it as JSON.
 
     ``layers``: train on the first this many layers only (early exit). ``dtype``: the proxy precision of the
     features. ``cached_only``: use only contexts already cached (no forward pass). ``sentence_probe``: a path to
-    the sentence probe the ``doc_best_sentence`` block reads (default: the shipped one)."""
+    the sentence probe the ``doc_best_sentence`` block reads (default: the shipped one). ``first_slot``: also train
+    on the first this many questions with the gold passage in the *first* slot, for each N (at random positions the
+    first slot gets only 1/N of the examples, and it is where attention says least)."""
     from rag_opt.compressors.probe import shipped_probe
     from rag_opt.models.loader import load_proxy_model
     from rag_opt.orderers.profiles import ProfileStore
@@ -296,6 +299,8 @@ def train_doc_probe_cli(
             )
         profiles[n] = prof
         insts = random_positions(records, n, seed=seed)
+        seen = {i.id for i in insts}
+        insts += [i for i in (NQInstance(ex, n, 0) for ex in records[:first_slot]) if i.id not in seen]
         fstore = feature_store(cache_root, proxy, f"nq-train-n{n}", layers)
         if not cached_only:
             extract_nq(insts, fstore, proxy, layers=fstore.layers, desc=f"NQ train features, {n} documents")
