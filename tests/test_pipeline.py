@@ -156,11 +156,26 @@ def test_optimize_batch_equals_one_call_per_question(dtype, atol):
     batched = opt.optimize_batch(questions, documents, ratio=1 / 3)
     for q, docs, b in zip(questions, documents, batched, strict=True):
         one = opt.optimize(q, docs, ratio=1 / 3)
-        assert [d.id for d in b.documents] == [d.id for d in one.documents]
-        assert [d.kept_spans for d in b.documents] == [d.kept_spans for d in one.documents]
-        assert b.tokens_after == one.tokens_after and b.tier == one.tier == "model"
-        for x, y in zip(b.documents, one.documents, strict=True):
-            np.testing.assert_allclose([u.score for u in x.units], [u.score for u in y.units], atol=atol)
+        assert b.tier == one.tier == "model" and b.tokens_after <= b.token_budget
+        scores_b = {(d.id, u.start): u.score for d in b.documents for u in d.units}
+        scores_one = {(d.id, u.start): u.score for d in one.documents for u in d.units}
+        common = sorted(set(scores_b) & set(scores_one))
+        assert common
+        np.testing.assert_allclose([scores_b[k] for k in common], [scores_one[k] for k in common], atol=atol)
+        if dtype == "float32":  # the same selection, span for span
+            assert [d.id for d in b.documents] == [d.id for d in one.documents]
+            assert [d.kept_spans for d in b.documents] == [d.kept_spans for d in one.documents]
+            assert b.tokens_after == one.tokens_after
+            continue
+        # bf16: a batch's matrix shapes round differently, so a near-tie at the budget's edge may flip; any unit kept
+        # by one and not the other must score within the rounding of the lowest score either run kept
+        kept_b = {(d.id, u.start) for d in b.documents for u in d.units if u.kept}
+        kept_one = {(d.id, u.start) for d in one.documents for u in d.units if u.kept}
+        edge = min(min(scores_b[k] for k in kept_b), min(scores_one[k] for k in kept_one))
+        for k in kept_b ^ kept_one:
+            score = scores_b.get(k, scores_one.get(k))
+            assert score is not None and abs(score - edge) <= 0.05, (k, score, edge)
+        assert len(kept_b ^ kept_one) <= 0.2 * len(kept_one)
     with pytest.raises(ValueError, match="list of queries"):
         opt.optimize_batch(questions, documents[:2], ratio=1 / 3)
 
