@@ -48,6 +48,7 @@ __all__ = [
     "nq_records",
     "random_positions",
     "select_retrieval_heads",
+    "slot_prior_weights",
     "train_doc_probe",
     "train_doc_probe_cli",
 ]
@@ -204,6 +205,21 @@ def select_retrieval_heads(
     return best
 
 
+def slot_prior_weights(instances: Sequence[NQInstance], groups: np.ndarray) -> np.ndarray:
+    """Per training row (``groups`` index ``instances``): a weight that makes the gold passage's slot uniform per N.
+
+    Contexts with the gold passage in the first slot are down-weighted to the average count of the other slots;
+    every other context keeps weight 1."""
+    used = sorted({int(g) for g in np.unique(groups)})
+    per_instance = np.ones(len(instances))
+    for n in {instances[g].n_docs for g in used}:
+        first = [g for g in used if instances[g].n_docs == n and instances[g].gold_at == 0]
+        others = sum(1 for g in used if instances[g].n_docs == n and instances[g].gold_at != 0)
+        if first and others and n > 1:
+            per_instance[first] = min(1.0, others / (n - 1) / len(first))
+    return per_instance[groups.astype(np.int64)]
+
+
 def train_doc_probe(
     instances: Sequence[NQInstance],
     features: dict[str, AttentionFeatures],
@@ -218,9 +234,14 @@ def train_doc_probe(
     meta: dict[str, Any] | None = None,
     sentence_probe: Probe | None = None,
 ) -> tuple[Probe, dict[str, Any]]:
-    """Fit the document probe; returns it with a report (l2 choice, cross-validated recall)."""
+    """Fit the document probe; returns it with a report (l2 choice, cross-validated recall).
+
+    Contexts are weighted so that, for each N, the gold passage sits in the first slot no more often than in any
+    other (extra first-slot contexts teach the probe what the first slot looks like without teaching it that the
+    first document is likely the answer)."""
     layout = FeatureLayout(blocks, num_layers, num_heads, level="document")
     X, y, groups = build_doc_training_set(instances, features, layout, profiles, sentence_probe)
+    weights = slot_prior_weights(instances, groups)
     losses: dict[float, float] = {}
     if l2 is None:
         l2, losses = choose_l2(X, y, groups, grid=(1e-2, 3e-2, 1e-1, 3e-1, 1.0), seed=seed)
@@ -242,7 +263,7 @@ def train_doc_probe(
         **report,
         **(meta or {}),
     }
-    probe = fit_probe(X, y, layout, model_name, l2=l2, seed=seed, meta=meta)
+    probe = fit_probe(X, y, layout, model_name, l2=l2, seed=seed, meta=meta, sample_weight=weights)
     report["fit_seconds"] = probe.metadata["fit_seconds"] = round(time.perf_counter() - t, 1)
     return probe, report
 

@@ -210,10 +210,11 @@ def fit_probe(
     groups: np.ndarray | None = None,
     context: Sequence[str] | None = None,
     tables: Sequence[UnitTable] | None = None,
+    sample_weight: np.ndarray | None = None,
 ) -> Probe:
     """Fit the first stage on (X, y); with ``context`` feature names (and the ``tables`` of the rows), also the
     second stage, on 5-fold held-out first-stage logits (folds by question, ``groups`` of the rows)."""
-    mean, scale, w, b = train_logistic(X, y, l2=l2, seed=seed)
+    mean, scale, w, b = train_logistic(X, y, l2=l2, seed=seed, sample_weight=sample_weight)
     stage = None
     if context:
         if tables is None or groups is None:
