@@ -68,17 +68,19 @@ def _probe(context: ContextStage | None) -> Probe:
 
 
 def test_context_stage_changes_scores_and_round_trips(tmp_path):
-    stage = ContextStage(DEFAULT_CONTEXT, np.zeros(3), np.ones(3), np.array([1.0, 2.0, 0.5]), -0.2)
+    names = ("own", "named_by_other", "rank_in_doc")
+    stage = ContextStage(names, np.zeros(3), np.ones(3), np.array([1.0, 2.0, 0.5]), -0.2)
     with_stage, plain = _probe(stage), _probe(None)
     units = _table()
     X = np.random.default_rng(1).random((units.n_units, with_stage.layout.size))
     z = plain.decision(X)
-    expected = 1 / (1 + np.exp(-(context_features(z, units, DEFAULT_CONTEXT) @ [1.0, 2.0, 0.5] - 0.2)))
+    expected = 1 / (1 + np.exp(-(context_features(z, units, names) @ [1.0, 2.0, 0.5] - 0.2)))
     np.testing.assert_allclose(with_stage.unit_scores(X, units), expected)
     np.testing.assert_allclose(plain.unit_scores(X, units), plain.predict_proba(X))
     with_stage.save(tmp_path / "p.json")
     data = json.loads((tmp_path / "p.json").read_text())
-    assert data["format"] == FORMAT_CONTEXT and data["context"]["features"] == list(DEFAULT_CONTEXT)
+    assert data["format"] == FORMAT_CONTEXT and data["context"]["features"] == list(names)
+    assert set(DEFAULT_CONTEXT) <= set(CONTEXT_FEATURES)
     np.testing.assert_allclose(Probe.load(tmp_path / "p.json").unit_scores(X, units), expected)
     plain.save(tmp_path / "q.json")
     assert json.loads((tmp_path / "q.json").read_text())["format"] == FORMAT
