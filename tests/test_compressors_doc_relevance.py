@@ -10,7 +10,7 @@ import pytest
 
 from rag_opt.compressors.features import FeatureLayout, build_doc_features
 from rag_opt.compressors.probe import Probe, shipped_probe
-from rag_opt.errors import ProfileMismatchError
+from rag_opt.errors import ProbeMismatchError, ProfileMismatchError
 from rag_opt.models.extract import AttentionFeatures
 from rag_opt.models.prompt import TEMPLATE_ID
 from rag_opt.orderers import resample_slots, slot_attention_for
@@ -331,3 +331,16 @@ def test_cli_calibrated_ordering_and_opt_out(tmp_path, capsys):
     assert out["calibrated"] is True and out["ordering"] == "calibrated" and len(out["documents"]) == 10
     assert main([*base, "--no-calibrate"]) == 0
     assert json.loads(capsys.readouterr().out)["calibrated"] is False
+
+
+@pytest.mark.model
+def test_a_document_probe_reading_sentence_scores_needs_a_sentence_probe(proxy):
+    from rag_opt.compressors import SentinelCompressor
+
+    doc = shipped_probe(EMBEDDED, "document")
+    assert doc is not None
+    with pytest.raises(ProbeMismatchError, match="needs a sentence probe"):
+        SentinelCompressor(proxy, probe=None, doc_probe=doc)
+    # the shipped one ("auto") is left out instead: document relevance falls back to the best unit's score
+    assert SentinelCompressor(proxy, probe=None).doc_probe is None
+    assert SentinelCompressor(proxy).doc_probe is not None

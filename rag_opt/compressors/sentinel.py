@@ -76,10 +76,15 @@ class SentinelCompressor:
             )
         self.doc_probe: Probe | None = _resolve_probe(doc_probe, proxy, "document")
         if self.doc_probe is not None and self.probe is None and SENTENCE_BLOCKS & set(self.doc_probe.layout.blocks):
-            raise ProbeMismatchError(
-                f"this document probe reads the sentence probe's scores ({', '.join(sorted(SENTENCE_BLOCKS))}): "
-                "it needs a sentence probe too"
-            )
+            if doc_probe != "auto":
+                raise ProbeMismatchError(
+                    f"this document probe reads the sentence probe's scores ({', '.join(sorted(SENTENCE_BLOCKS))}): "
+                    "it needs a sentence probe too"
+                )
+            # the shipped document probe reads the shipped sentence probe's scores: without a sentence probe, document
+            # relevance falls back to the best unit's score (uncalibrated, and the result's warnings say so)
+            logger.info("no sentence probe: the shipped document probe, which reads its scores, is not used")
+            self.doc_probe = None
         if profiles == "auto":
             profiles = ProfileStore()
         elif isinstance(profiles, str):
