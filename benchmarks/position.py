@@ -77,8 +77,7 @@ def nq_method_scores(
     best = None  # the sentence probe's best logit per document (what optimize() gives the document probe)
     if sentence_probe is not None:
         cu = UnitTable.titled(units)
-        unit = np.clip(sentence_probe.unit_scores(build_features(sentence_probe.layout, attn, q, cu), cu), 1e-12, 1)
-        best = cu.doc_best(np.log(unit / np.maximum(1 - unit, 1e-12)))
+        best = cu.doc_best(sentence_probe.unit_logits(build_features(sentence_probe.layout, attn, q, cu), cu))
     out = {
         "raw attention": mass[:, LAST].mean(axis=(1, 2)),
         "calibrated attention (FITM)": prof.calibrate(mass)[:, LAST].mean(axis=(1, 2)),

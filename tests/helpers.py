@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +77,25 @@ class Recording:
 
     def lexical_scorer(self) -> Any:
         return self.inner.lexical_scorer()
+
+
+def cpu_seconds(fn: Callable[[], object], repeat: int = 3) -> float:
+    """The least CPU time of this thread over ``repeat`` runs of ``fn`` (other processes on the machine do not
+    count): for ratios of two sizes measured in the same test, never for absolute budgets."""
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.thread_time()
+        fn()
+        best = min(best, time.thread_time() - t0)
+    return best
+
+
+def pieces_in_order(kept: str, source: str) -> bool:
+    """``kept`` is made of pieces of ``source`` (split at spaces), verbatim and in order."""
+    pos = 0
+    for piece in [p for p in kept.split(" ") if p]:
+        i = source.find(piece, pos)
+        if i < 0:
+            return False
+        pos = i + len(piece)
+    return True

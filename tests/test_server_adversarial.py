@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import math
 import re
 import socket
 import subprocess
@@ -29,7 +28,7 @@ import numpy as np
 import pytest
 
 from rag_opt.server.documents import plan_request
-from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION
+from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION, cpu_seconds, pieces_in_order
 from tests.upstream_server import (
     BudgetClock,
     FakeUpstream,
@@ -193,22 +192,12 @@ def _unclosed(n: int) -> bytes:
     return chat("q? " + "<document>a" * n)
 
 
-def _cpu_s(fn: Callable[[], object], repeat: int = 3) -> float:
-    """The least CPU time of this thread over ``repeat`` runs (other processes on the machine do not count)."""
-    best = math.inf
-    for _ in range(repeat):
-        t0 = time.thread_time()
-        fn()
-        best = min(best, time.thread_time() - t0)
-    return best
-
-
 def test_unclosed_document_tags_take_linear_time():
     """The trigger was ``"q? " + "<document>a" * 8000``: the old regex took quadratic time on the event loop.
     Four times the tags must cost about four times the CPU time (a ratio on this machine, not a speed)."""
     small, large = _unclosed(2_000), _unclosed(8_000)
-    t_small = _cpu_s(lambda: plan_request(small, {}))
-    t_large = _cpu_s(lambda: plan_request(large, {}))
+    t_small = cpu_seconds(lambda: plan_request(small, {}))
+    t_large = cpu_seconds(lambda: plan_request(large, {}))
     assert t_large < 8 * t_small + 0.02, (t_small, t_large)
 
 
@@ -216,8 +205,8 @@ def test_a_long_blank_run_in_the_question_takes_linear_time():
     """The question's blank runs were collapsed by ``\\s*\\n\\s*``, which backtracks over a long run of
     spaces with no newline in it: quadratic, on the event loop."""
     small, large = chat("q?" + " " * 20_000 + "x"), chat("q?" + " " * 80_000 + "x")
-    t_small = _cpu_s(lambda: plan_request(small, {}))
-    t_large = _cpu_s(lambda: plan_request(large, {}))
+    t_small = cpu_seconds(lambda: plan_request(small, {}))
+    t_large = cpu_seconds(lambda: plan_request(large, {}))
     assert t_large < 8 * t_small + 0.02, (t_small, t_large)
     plan = plan_request(chat("<document>D.</document>\n  \n Which   one? \t\n\n  Now."), {})
     assert plan.query == "Which   one?\nNow."  # blank runs with a newline become one newline, others stay
@@ -405,21 +394,11 @@ def test_nested_document_tags_keep_their_inner_tags_and_stay_balanced(upstream):
     assert " Outro sentence here.</document>" in got
     assert f'<document id="open">{DOCS[3]["text"]} ' in got  # an opening tag never closed is text
     kept = re.findall(r'<document id="inner" title="Inner">(.*?)</document>', got, flags=re.S)
-    assert len(kept) <= 1 and all(k.strip() and k.strip() in inner or _pieces(k, inner) for k in kept)
+    assert len(kept) <= 1 and all(k.strip() and k.strip() in inner or pieces_in_order(k, inner) for k in kept)
     assert got.count("<document") - content.count("<document") == got.count("</document>") - content.count(
         "</document>"
     )  # tags are only ever removed in pairs
     assert _balanced(got.replace(f'<document id="open">{DOCS[3]["text"]} ', ""))
-
-
-def _pieces(kept: str, source: str) -> bool:
-    pos = 0
-    for piece in [p for p in kept.split(" ") if p]:
-        i = source.find(piece, pos)
-        if i < 0:
-            return False
-        pos = i + len(piece)
-    return True
 
 
 def test_a_quoted_greater_than_in_an_attribute_is_parsed_and_forwarded_intact(upstream):

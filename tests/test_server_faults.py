@@ -30,7 +30,7 @@ import pytest
 
 from rag_opt.server.errors import BudgetExceeded, Overloaded
 from rag_opt.server.pool import OptimizerPool
-from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION
+from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION, pieces_in_order
 from tests.upstream_server import (
     BudgetClock,
     FakeUpstream,
@@ -693,18 +693,7 @@ def test_awkward_documents_through_the_proxy(upstream):
             got = fake.last().json()["messages"][0]["content"]
             assert got.endswith(f"\n\n{query}")
             for kept in re.findall(r"<document>(.*?)</document>", got, flags=re.S):
-                assert any(_pieces_of(kept, d) for d in docs), kept[:80]
-
-
-def _pieces_of(kept: str, source: str) -> bool:
-    """``kept`` is made of pieces of ``source`` in order (joined with at most one added space)."""
-    pos = 0
-    for piece in [p for p in kept.split(" ") if p]:
-        i = source.find(piece, pos)
-        if i < 0:
-            return False
-        pos = i + len(piece)
-    return True
+                assert any(pieces_in_order(kept, d) for d in docs), kept[:80]
 
 
 @pytest.mark.model
@@ -728,7 +717,7 @@ def test_a_document_longer_than_the_proxy_window_is_optimized_through_the_proxy(
         kept = dict(re.findall(r"<document id='(\w+)'>(.*?)</document>", got, flags=re.S))
         assert kept
         for doc_id, text in kept.items():
-            assert _pieces_of(text, long_doc if doc_id == "long" else short)
+            assert pieces_in_order(text, long_doc if doc_id == "long" else short)
 
         caplog.set_level(logging.WARNING, logger="rag_opt")
         one_sentence = " ".join(d["text"].replace(".", ",") for d in DOCS) * 2  # no sentence boundary: one unit

@@ -5,8 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rag_opt.text.segment import Segment, segment
-from tests.helpers import DATA  # noqa: E402
+from tests.helpers import DATA, cpu_seconds  # noqa: E402
 
 SQUAD = DATA / "squad2" / "dev.json.gz"
 HOTPOT = DATA / "hotpotqa" / "dev.jsonl.gz"
@@ -244,16 +243,6 @@ def test_json_block_is_one_protected_segment() -> None:
     assert all(k == "sentence" for k, _ in pieces('{"a": 1} and more text. Next.'))
 
 
-def _cpu_s(fn: Callable[[], object]) -> float:
-    """The least CPU time of this thread over two runs (other processes on the machine do not count)."""
-    best = float("inf")
-    for _ in range(2):
-        t0 = time.thread_time()
-        fn()
-        best = min(best, time.thread_time() - t0)
-    return best
-
-
 @pytest.mark.parametrize(
     ("piece", "n"), [("[1,\n", 5000), ("{\n", 5000), ("a | b\n", 5000), ("```\nx\n", 5000), ("[", 25000)]
 )
@@ -262,8 +251,8 @@ def test_pathological_inputs_take_linear_time(piece: str, n: int) -> None:
     this machine, not a speed; the margin absorbs a loaded machine's noise)."""
     small, large = piece * n, piece * (8 * n)
     assert_partition(large, segment(large))
-    t_small = _cpu_s(lambda: segment(small))
-    t_large = _cpu_s(lambda: segment(large))
+    t_small = cpu_seconds(lambda: segment(small), repeat=2)
+    t_large = cpu_seconds(lambda: segment(large), repeat=2)
     assert t_large < 24 * t_small + 0.1, (t_small, t_large)
 
 

@@ -27,7 +27,7 @@ from rag_opt.errors import DataNotFoundError, ProbeMismatchError
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.text.units import UnitTable
 
-__all__ = ["FORMAT", "FORMAT_CONTEXT", "ContextStage", "Probe", "shipped_probe"]
+__all__ = ["FORMAT", "FORMAT_CONTEXT", "ContextStage", "Probe", "shipped_probe", "sigmoid"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,15 +122,17 @@ class Probe:
 
     def predict_proba(self, features: np.ndarray) -> np.ndarray:
         """The first stage's probabilities (a probe without a context stage: its scores)."""
-        return _sigmoid(self.decision(features))
+        return sigmoid(self.decision(features))
+
+    def unit_logits(self, features: np.ndarray, units: UnitTable) -> np.ndarray:
+        """Relevance logit per unit of ``units`` from its feature matrix: the first stage, then the context stage
+        if the probe has one."""
+        z = self.decision(features)
+        return self.context.decision(z, units) if self.context is not None else z
 
     def unit_scores(self, features: np.ndarray, units: UnitTable) -> np.ndarray:
-        """Relevance per unit of ``units`` from its feature matrix: the first stage, then the context stage if
-        the probe has one."""
-        z = self.decision(features)
-        if self.context is not None:
-            z = self.context.decision(z, units)
-        return _sigmoid(z)
+        """:meth:`unit_logits` as probabilities."""
+        return sigmoid(self.unit_logits(features, units))
 
     def check_compatible(self, model: str, num_layers: int, num_heads: int) -> None:
         """Refuse a probe of another prompt template, model or head count. A probe may use fewer layers than
@@ -217,7 +219,8 @@ class Probe:
         return cls.from_dict(data, source=f"probe file {p}")
 
 
-def _sigmoid(z: np.ndarray) -> np.ndarray:
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    """Logits to probabilities (clipped: no overflow)."""
     return 1.0 / (1.0 + np.exp(-np.clip(z, -60, 60)))
 
 

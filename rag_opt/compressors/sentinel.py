@@ -23,7 +23,7 @@ import numpy as np
 from rag_opt.compressors.base import Scores
 from rag_opt.compressors.doc_relevance import document_relevance
 from rag_opt.compressors.features import SENTENCE_BLOCKS, build_features
-from rag_opt.compressors.probe import Probe, shipped_probe
+from rag_opt.compressors.probe import Probe, shipped_probe, sigmoid
 from rag_opt.errors import InvalidInputError, ProbeMismatchError
 from rag_opt.models.extract import AttentionFeatures, extract, extract_batch
 from rag_opt.orderers.profiles import PositionProfile, ProfileStore
@@ -148,8 +148,9 @@ class SentinelCompressor:
         docs = units.by_document()
         if self.probe is not None:
             feats = build_features(self.probe.layout, attn, question, units)
-            unit_scores = self.probe.unit_scores(feats, units)
-            best_logit = units.doc_best(_logit(np.asarray(unit_scores, dtype=np.float64)))
+            logits = self.probe.unit_logits(feats, units)
+            unit_scores = sigmoid(logits)
+            best_logit = units.doc_best(logits)
         else:
             best_logit = None
             unit_scores = attn.unit[:, 1].mean(axis=(1, 2)).astype(np.float64)
@@ -188,11 +189,6 @@ class SentinelCompressor:
     def profile(self, n_docs: int) -> PositionProfile | None:
         """The calibration profile of this proxy for ``n_docs`` documents, if any (parsed once per file)."""
         return self.profiles.get(self.proxy.name, n_docs) if self.profiles is not None else None
-
-
-def _logit(p: np.ndarray) -> np.ndarray:
-    q = np.clip(p, 1e-12, 1 - 1e-12)
-    return np.log(q / (1 - q))
 
 
 def _resolve_probe(spec: Probe | None | str, proxy: ProxyModel, level: str) -> Probe | None:

@@ -138,8 +138,7 @@ def build_doc_training_set(
         if sentence_probe is not None and SENTENCE_BLOCKS & set(layout.blocks):
             table = UnitTable.titled(units)
             feats = build_features(sentence_probe.layout, attn, inst.example.question, table)
-            p = np.clip(sentence_probe.unit_scores(feats, table), 1e-12, 1 - 1e-12)
-            best = table.doc_best(np.log(p / (1 - p)))
+            best = table.doc_best(sentence_probe.unit_logits(feats, table))
         X = build_doc_features(
             layout,
             attn,
