@@ -49,6 +49,29 @@ def test_the_rendered_kept_text_never_exceeds_the_budget_and_fills_it(ratio: flo
 
 
 @pytest.mark.data
+@pytest.mark.parametrize("ratio", [0.2, 1 / 3])
+def test_the_fill_pass_leaves_no_unit_that_would_still_fit_once_rendered(ratio: float) -> None:
+    # unit counts overestimate (a trailing space merges into the next word), so the rendered text ends under the
+    # budget; every unit whose counted cost fits the slack (one token of allowance) must have been tried
+    for _, units, scores in _real(6):
+        limit = int(ratio * units.tokens_before)
+        sel = select(units, scores, COUNT, limit=limit)
+        total = int(sel.tokens_after.sum())
+        assert total <= limit
+        for r in np.flatnonzero(units.candidate & ~sel.keep):
+            d = int(units.doc[r])
+            title = [t for t in units.rows(d) if units.kind[t] == "title"]
+            cost = int(units.tokens[r]) + sum(int(units.tokens[t]) for t in title if not sel.keep[t])
+            if cost - 1 > limit - total:
+                continue
+            trial = sel.keep.copy()
+            trial[r] = True
+            trial[title] = True
+            rendered = (int(units.title_tokens[d]) if units.titles[d] else 0) + COUNT(units.render(d, trial))
+            assert total - int(sel.tokens_after[d]) + rendered > limit, (r, units.texts[r])
+
+
+@pytest.mark.data
 def test_the_best_scoring_units_are_kept_first() -> None:
     for _, units, scores in _real():
         sel = select(units, scores, COUNT, limit=int(units.tokens_before / 4))

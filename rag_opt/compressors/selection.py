@@ -9,7 +9,11 @@ The cost of a unit includes the header rows it needs (its document's title and t
 the first time one of them is needed. Headers are never kept on their own. Protected blocks are ordinary units:
 kept or dropped whole. Because BPE merges across unit boundaries can change counts, the kept text of each
 document is then rendered and counted, and the lowest-scoring kept unit is dropped until the rendered
-documents fit (only the document that changed is counted again).
+documents fit (only the document that changed is counted again). Unit counts overestimate what a unit adds to
+rendered text (a sentence's trailing space merges into the next sentence's first token), so the rendered
+documents usually end a little under the budget: a last *fill* pass tries the remaining units, best first, whose
+counted cost fits the slack (a one-token allowance per unit), and keeps each one whose document, rendered again,
+still fits — the budget is then used as fully as the counts themselves allow.
 """
 
 from __future__ import annotations
@@ -86,6 +90,7 @@ def select(
                     kept[r] = r in needed
             rendered[d] = _render(units, d, kept, count)
             doc_tokens[d] = rendered[d][1]
+        _fill(units, score, needs, kept, rendered, doc_tokens, count, limit, threshold)
     keep = kept.copy()
     doc_kept = np.zeros(units.n_docs, dtype=bool)
     for d in range(units.n_docs):
@@ -96,6 +101,46 @@ def select(
             rendered[d] = ("", 0)
             doc_tokens[d] = 0
     return Selection(keep, doc_kept, tuple(text for text, _ in rendered), doc_tokens)
+
+
+def _fill(
+    units: UnitTable,
+    score: np.ndarray,
+    needs: list[tuple[int, ...]],
+    kept: np.ndarray,
+    rendered: list[tuple[str, int]],
+    doc_tokens: np.ndarray,
+    count: Callable[[str], int],
+    limit: int,
+    threshold: float | None,
+) -> None:
+    """Spend what the rendered documents left of ``limit``: try the units not kept, best first, whose counted cost
+    (headers included, less one token for the merge at a unit boundary) fits the slack; keep each whose document,
+    rendered again, still fits. In place on ``kept``, ``rendered`` and ``doc_tokens``."""
+    slack = limit - int(doc_tokens.sum())
+    if slack <= 0:
+        return
+    order = sorted(np.flatnonzero(units.candidate & ~kept).tolist(), key=lambda i: (-score[i], i))
+    for i in order:
+        if threshold is not None and score[i] < threshold:
+            break
+        cost = int(units.tokens[i]) + sum(int(units.tokens[h]) for h in needs[i] if not kept[h])
+        if cost - 1 > slack:
+            continue
+        d = int(units.doc[i])
+        trial = kept.copy()
+        trial[i] = True
+        for h in needs[i]:
+            trial[h] = True
+        text, tokens = _render(units, d, trial, count)
+        added = tokens - int(doc_tokens[d])
+        if added <= slack:
+            kept[:] = trial
+            rendered[d] = (text, tokens)
+            doc_tokens[d] = tokens
+            slack -= added
+            if slack <= 0:
+                return
 
 
 def _header_needs(units: UnitTable) -> list[tuple[int, ...]]:
