@@ -211,6 +211,7 @@ def main() -> None:
     ap.add_argument("--ratio", type=float, default=1 / 3)
     ap.add_argument("--cache", default=None)
     ap.add_argument("--extract-only", action="store_true")
+    ap.add_argument("--out", default=str(RESULTS / "pooling_ablation.json"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     dd = data_dir() / "hotpotqa"
@@ -282,8 +283,8 @@ def main() -> None:
             results[f"{name} | {label}"] = r
             logger.info("%s | %s: %s", name, label, r)
     out = {"train": len(train), "dev": len(dev), "select": args.select, "layers": args.layers, "results": results}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "pooling_ablation.json").write_text(json.dumps(out, indent=1))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"train {len(train)} questions, dev {args.select}, ratio {args.ratio:.3f}")
     print(f"{'variant':<55} {'sf_recall':>9} {'all_kept':>9} {'answer':>7} {'feats':>6}")
     for k, r in results.items():
