@@ -167,15 +167,16 @@ def test_optimize_batch_equals_one_call_per_question(dtype, atol):
             assert [d.kept_spans for d in b.documents] == [d.kept_spans for d in one.documents]
             assert b.tokens_after == one.tokens_after
             continue
-        # bf16: a batch's matrix shapes round differently, so a near-tie at the budget's edge may flip; any unit kept
-        # by one and not the other must score within the rounding of the lowest score either run kept
+        # bf16: a batch's matrix shapes round differently, so a near-tie at the budget's edge may flip (and the fill
+        # pass then spends the slack on other edge units); any unit kept by one and not the other must score within
+        # the rounding of the lowest score either run kept
         kept_b = {(d.id, u.start) for d in b.documents for u in d.units if u.kept}
         kept_one = {(d.id, u.start) for d in one.documents for u in d.units if u.kept}
         edge = min(min(scores_b[k] for k in kept_b), min(scores_one[k] for k in kept_one))
         for k in kept_b ^ kept_one:
             score = scores_b.get(k, scores_one.get(k))
             assert score is not None and abs(score - edge) <= 0.05, (k, score, edge)
-        assert len(kept_b ^ kept_one) <= 0.2 * len(kept_one)
+        assert len(kept_b ^ kept_one) <= 0.3 * len(kept_one)
     with pytest.raises(ValueError, match="list of queries"):
         opt.optimize_batch(questions, documents[:2], ratio=1 / 3)
 
