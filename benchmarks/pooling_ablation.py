@@ -37,14 +37,14 @@ import numpy as np
 from common import data_dir
 from probe_ablation import evaluate
 
-from rag_opt.compressors.context_features import DEFAULT_CONTEXT, context_features
+from rag_opt.compressors.context_features import DEFAULT_CONTEXT
 from rag_opt.compressors.features import DEFAULT_BLOCKS, FeatureLayout, build_features
 from rag_opt.models.extract import AttentionFeatures
 from rag_opt.paths import cache_dir
 from rag_opt.text.units import UnitTable
 from rag_opt.training.datasets import read_hotpotqa
 from rag_opt.training.logistic import cross_val_scores, train_logistic
-from rag_opt.training.sentence_probe import choose_l2, unit_labels
+from rag_opt.training.sentence_probe import choose_l2, fit_context_stage, unit_labels
 from rag_opt.training.units import hotpot_units
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -258,22 +258,13 @@ def main() -> None:
         l2 = choose_l2(X, y, groups)[0]
         mean, scale, w, bias = train_logistic(X, y, l2=l2)
         held = cross_val_scores(X, y, groups, l2=l2)
-        rows, pos = [], 0
-        for units in tables:
-            z = np.zeros(units.n_units)
-            k = int(units.candidate.sum())
-            z[units.candidate] = held[pos : pos + k]
-            pos += k
-            rows.append(context_features(z, units, DEFAULT_CONTEXT)[units.candidate])
-        m2, s2, w2, b2 = train_logistic(np.concatenate(rows), y, l2=1e-2)
+        stage = fit_context_stage(tables, held, y, DEFAULT_CONTEXT)  # the shipped second stage, same fit
 
         def first(ex: Any, r: Record, units: UnitTable, v: tuple[str, ...] = variant, p: Any = (mean, scale, w, bias)):
             return ((features(v, layout, ex, r, units) - p[0]) / p[1]) @ p[2] + p[3]
 
-        def second(ex: Any, r: Record, units: UnitTable, p2: Any = (m2, s2, w2, b2)) -> np.ndarray:
-            z = first(ex, r, units)
-            c = context_features(z, units, DEFAULT_CONTEXT)
-            return ((c - p2[0]) / p2[1]) @ p2[2] + p2[3]
+        def second(ex: Any, r: Record, units: UnitTable, stage: Any = stage) -> np.ndarray:
+            return stage.decision(first(ex, r, units), units)
 
         feats = {ex.id: recs[ex.id] for ex in dev}
         for label, fn in (("first stage", first), ("with context stage", second)):

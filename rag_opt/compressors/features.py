@@ -253,7 +253,7 @@ def build_doc_features(
     needs_best = SENTENCE_BLOCKS & set(layout.blocks)
     if needs_best and (best_sentence is None or np.shape(best_sentence) != (n,)):
         raise ValueError(
-            f"feature block 'doc_best_sentence' needs the best sentence logit of each of the {n} documents"
+            f"feature block {sorted(needs_best)[0]!r} needs the best sentence logit of each of the {n} documents"
         )
     if calibrated and baseline is not None and baseline.shape != mass.shape:
         raise ValueError(f"calibration baseline {baseline.shape} does not match attention {mass.shape}")
