@@ -108,3 +108,41 @@ def test_train_probe_command_on_real_hotpotqa(tmp_path):
     assert main(args) == 0
     assert cache.shards() == shards
     np.testing.assert_allclose(Probe.load(out).weights, probe.weights)
+
+
+@pytest.mark.model
+def test_a_probe_with_cross_document_attention_trains_on_its_own_cache_and_runs(proxy, tmp_path):
+    from rag_opt.cli import main
+    from rag_opt.compressors import SentinelCompressor
+    from rag_opt.models.loader import load_proxy_model
+    from rag_opt.training.sentence_probe import feature_store
+    from tests.helpers import data_path, hotpot_dev
+
+    data = data_path("hotpotqa", "train.jsonl.gz")
+    out = tmp_path / "probe.json"
+    blocks = "attn_question,lexical,cross_doc"
+    args = ["train-probe", "--data", str(data), "--out", str(out), "--limit", "5", "--cache", str(tmp_path / "c")]
+    assert main([*args, "--blocks", blocks, "--layers", "4", "--context", "none"]) == 0
+    probe = Probe.load(out)
+    assert probe.layout.needs_cross and probe.layout.size == 4 * 9 + 8 + 4 * 9 + 1
+    default = load_proxy_model()  # the command extracts at the default precision
+    feats = feature_store(tmp_path / "c", default, "train-cross", 4).load()
+    assert len(feats) == 5 and all(f.cross is not None for f in feats.values())  # a cache of its own
+    assert not feature_store(tmp_path / "c", default, "train", 4).ids()
+    compressor = SentinelCompressor(proxy, probe, doc_probe=None)
+    assert compressor.cross
+    ex = hotpot_dev(1)[0]
+    units = [[f"{t}\n", *s] for t, s in ex["context"]]
+    from rag_opt.text.units import UnitTable
+
+    table = UnitTable.from_texts(units, [[False] + [True] * (len(u) - 1) for u in units])
+    scores = compressor.score(ex["question"], table)
+    assert scores.attention is not None and scores.attention.cross is not None
+    assert np.isfinite(scores.unit).all() and scores.unit.shape == (sum(len(u) for u in units),)
+    # features without cross-document attention are refused by name, never scored with zeros
+    from rag_opt.compressors.features import build_features
+    from rag_opt.models.extract import extract
+
+    plain = extract(proxy, units, ex["question"], layers=4)
+    with pytest.raises(ProbeMismatchError, match="cross_doc"):
+        build_features(probe.layout, plain, ex["question"], table)

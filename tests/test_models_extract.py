@@ -102,3 +102,76 @@ def test_batched_extraction_equals_one_at_a_time(proxy):
         assert a.unit.shape == b.unit.shape and a.windows == b.windows
         np.testing.assert_allclose(b.unit, a.unit, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(b.doc_mass, a.doc_mass, rtol=1e-4, atol=1e-6)
+
+
+def _cross_reference(proxy, docs, question):
+    """Cross-document attention from eager attention: per unit, the mean over later sentences of other documents
+    of the attention from the sentence's last token, renormalised over the context it sees, per token of the unit
+    relative to uniform."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rag_opt.models.extract import _token_units
+    from rag_opt.models.gguf import converted_gguf_dir
+    from rag_opt.models.prompt import render_prompt
+
+    eager = AutoModelForCausalLM.from_pretrained(str(converted_gguf_dir(proxy.source)), attn_implementation="eager")
+    layout = render_prompt(docs, question)
+    enc = proxy.tokenizer(layout.text, return_offsets_mapping=True)
+    ctx_pos, unit_of, _ = _token_units([tuple(o) for o in enc["offset_mapping"]], layout)
+    with torch.no_grad():
+        out = eager(torch.tensor([enc["input_ids"]]), output_attentions=True)
+    ctx_pos, unit_of = np.asarray(ctx_pos), np.asarray(unit_of)
+    doc = np.concatenate([[d] * len(u) for d, u in enumerate(docs)])
+    n_units = len(doc)
+    ref = np.zeros((n_units, len(out.attentions), proxy.num_heads))
+    n_src = np.zeros(n_units, dtype=int)
+    for u in range(n_units):
+        sources = [s for s in range(u + 1, n_units) if doc[s] != doc[u] and (unit_of == s).any()]
+        n_src[u] = len(sources)
+        for layer, att in enumerate(out.attentions):
+            a = att[0].numpy()
+            vals = []
+            for s in sources:
+                end = ctx_pos[unit_of == s].max()
+                seen = ctx_pos <= end
+                row = a[:, end][:, ctx_pos[seen]]
+                row = row / row.sum(-1, keepdims=True)
+                vals.append(row[:, unit_of[seen] == u].sum(-1) * seen.sum() / (unit_of == u).sum())
+            if vals:
+                ref[u, layer] = np.mean(vals, axis=0)
+    return ref, n_src
+
+
+def test_cross_document_attention_matches_eager_attention(proxy):
+    from rag_opt.models.extract import extract
+
+    ex = hotpot_dev(1)[0]
+    docs = [[f"{t}\n", *s] for t, s in ex["context"][:3]]
+    plain = extract(proxy, docs, ex["question"])
+    feats = extract(proxy, docs, ex["question"], cross=True)
+    assert plain.cross is None and feats.cross is not None and feats.cross_sources is not None
+    np.testing.assert_array_equal(feats.unit, plain.unit)  # the extra rows change nothing else
+    ref, n_src = _cross_reference(proxy, docs, ex["question"])
+    np.testing.assert_array_equal(feats.cross_sources, n_src)
+    assert (n_src[-len(docs[-1]) :] == 0).all() and (n_src[: len(docs[0])] > 0).all()
+    np.testing.assert_allclose(feats.cross, ref, rtol=1e-3, atol=1e-4)
+    assert feats.first_layers(4).cross.shape == (len(n_src), 4, proxy.num_heads)
+
+
+def test_cross_document_attention_is_read_per_window_and_per_batch(proxy):
+    from rag_opt.models.extract import extract, extract_batch
+
+    contexts = _contexts(2)
+    one = [extract(proxy, d, q, max_tokens=8192, cross=True) for d, q in contexts]
+    batched = extract_batch(proxy, contexts, max_tokens=8192, cross=True)
+    for a, b in zip(one, batched, strict=True):
+        np.testing.assert_array_equal(a.cross_sources, b.cross_sources)
+        np.testing.assert_allclose(b.cross, a.cross, rtol=1e-4, atol=1e-4)
+    docs, question = contexts[0]
+    split = extract(proxy, docs, question, max_tokens=300, cross=True)
+    assert split.windows > 1 and split.cross is not None
+    # sources are counted within a window only: fewer than in one pass, never more
+    assert (split.cross_sources <= one[0].cross_sources).all()
+    assert split.cross_sources.sum() < one[0].cross_sources.sum()
+    assert np.isfinite(split.cross).all()

@@ -338,11 +338,11 @@ def test_a_cancelled_optimization_stops_between_forward_passes(monkeypatch):
     cancel = threading.Event()
     passes: list[Any] = []
 
-    def one_pass(proxy: Any, prompts: Any, layers: int) -> Any:
+    def one_pass(proxy: Any, prompts: Any, layers: int, cross: bool = False) -> Any:
         passes.append(prompts)
         cancel.set()  # the request gives up during the first forward pass
         return [
-            (np.zeros((p.n_units, len(ex.VIEWS), 2, 2), dtype=np.float32), np.ones(p.n_units, dtype=np.int64), 10)
+            ex._Read(np.zeros((p.n_units, len(ex.VIEWS), 2, 2), np.float32), np.ones(p.n_units, np.int64), 10)
             for p in prompts
         ]
 

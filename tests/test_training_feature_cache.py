@@ -46,6 +46,34 @@ def test_a_shard_round_trips_and_leaves_no_temporary_file(tmp_path):
         assert got.context_tokens == it.features.context_tokens
 
 
+def _with_cross(item: CachedExample, seed: int) -> CachedExample:
+    f = item.features
+    rng = np.random.default_rng(seed)
+    n = f.unit.shape[0]
+    cross = AttentionFeatures(
+        f.unit, f.doc_mass, f.unit_tokens, f.context_tokens, f.windows, rng.random((n, 3, 2)), np.arange(n)[::-1]
+    )
+    return CachedExample(item.id, cross)
+
+
+def test_cross_document_attention_round_trips_and_a_shard_never_mixes(tmp_path):
+    import pytest
+
+    cache = FeatureCache(tmp_path)
+    items = [_with_cross(_example("a", 1), 1), _with_cross(_example("b", 2), 2)]
+    cache.write_shard(items)
+    cache.write_shard([_example("c", 3)])
+    loaded = cache.load()
+    for it in items:
+        got = loaded[it.id]
+        assert got.cross is not None and got.cross_sources is not None
+        assert np.allclose(got.cross, it.features.cross, atol=1e-3)
+        assert np.array_equal(got.cross_sources, it.features.cross_sources)
+    assert loaded["c"].cross is None and loaded["c"].cross_sources is None
+    with pytest.raises(ValueError, match="mixes examples with and without cross-document attention"):
+        cache.write_shard([items[0], _example("d", 4)])
+
+
 def test_a_stale_view_of_the_folder_never_overwrites_a_shard(tmp_path, monkeypatch):
     # Two writers that listed the folder at the same moment pick the same next name: the second must not
     # replace the first one's shard. A listing that never sees the new shards reproduces that race.

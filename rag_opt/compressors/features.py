@@ -10,7 +10,11 @@ model or layout that does not match. Blocks:
 * ``doc_attn_question``: log share of attention on the unit's whole document, per layer and head, relative
   to an even share — lets the probe see which document a sentence belongs to;
 * ``lexical``: BM25 of the unit and of its document against the question (raw and relative to the context's
-  best), question-term overlap, first-unit-of-document flag, log length in proxy tokens, relative position.
+  best), question-term overlap, first-unit-of-document flag, log length in proxy tokens, relative position;
+* ``cross_doc``: log cross-document attention per layer and head — the mean attention (relative to uniform) the
+  unit receives from the last token of every sentence of another, later document in the same pass (a bridge
+  sentence draws attention from the paragraph of the entity it names) — plus a flag for units no other document
+  follows (their attention values are 0). Needs features extracted with ``cross=True``.
 
 Document-level layouts (``level="document"``, the document relevance probe of :mod:`rag_opt.compressors.doc_relevance`)
 use one row per document and these blocks:
@@ -55,6 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "ALL_BLOCKS",
+    "CROSS_BLOCKS",
     "DEFAULT_BLOCKS",
     "DOC_BLOCKS",
     "SENTENCE_BLOCKS",
@@ -82,7 +87,10 @@ ALL_BLOCKS = (
     "attn_question_ctx",
     "doc_attn_question",
     "lexical",
+    "cross_doc",
 )
+# blocks that need cross-document attention in the features (``extract(cross=True)``)
+CROSS_BLOCKS = frozenset({"cross_doc"})
 DEFAULT_BLOCKS = ("attn_last", "attn_question", "doc_attn_question", "lexical")
 DOC_LEXICAL_NAMES = ("bm25_rel", "bm25_log", "overlap")
 DOC_LEXICAL_RANK_NAMES = ("bm25_rank", "bm25_best")
@@ -139,7 +147,14 @@ class FeatureLayout:
             return len(DOC_SENTENCE_NAMES)
         if block == "doc_early_interactions":
             return 8
+        if block == "cross_doc":
+            return self.num_layers * self.num_heads + 1
         return self.num_layers * self.num_heads
+
+    @property
+    def needs_cross(self) -> bool:
+        """Whether the layout reads cross-document attention (features must be extracted with ``cross=True``)."""
+        return bool(CROSS_BLOCKS & set(self.blocks))
 
     @property
     def size(self) -> int:
@@ -189,6 +204,10 @@ def lexical_features(question: str, units: UnitTable, unit_tokens: np.ndarray) -
 
 def _fit(layout: FeatureLayout, attn: AttentionFeatures) -> AttentionFeatures:
     """The features of the layers ``layout`` reads (its first ``num_layers``); refuse a model that has fewer."""
+    if layout.needs_cross and attn.cross is None:
+        raise ProbeMismatchError(
+            "feature block 'cross_doc' needs cross-document attention: extract the features with cross=True"
+        )
     if attn.num_layers < layout.num_layers or attn.num_heads != layout.num_heads:
         raise ProbeMismatchError(
             f"feature layout expects {layout.num_layers}×{layout.num_heads} layers×heads, the proxy model "
@@ -218,7 +237,19 @@ def build_features(layout: FeatureLayout, attn: AttentionFeatures, question: str
             blocks.append(np.log(attn.doc_mass[doc_of, 1].reshape(n, -1) * n_docs + EPS))
         elif block == "lexical":
             blocks.append(lexical_features(question, units, attn.unit_tokens))
+        elif block == "cross_doc":
+            blocks.append(_cross_doc(attn))
     return np.concatenate(blocks, axis=1).astype(np.float32)
+
+
+def _cross_doc(attn: AttentionFeatures) -> np.ndarray:
+    """The ``cross_doc`` block: log cross-document attention per layer and head, and the no-source flag."""
+    assert attn.cross is not None and attn.cross_sources is not None
+    n = attn.cross.shape[0]
+    none = attn.cross_sources == 0
+    values = np.log(attn.cross.reshape(n, -1).astype(np.float64) + EPS)
+    values[none] = 0.0
+    return np.concatenate([values, none[:, None].astype(np.float64)], axis=1)
 
 
 def build_doc_features(

@@ -127,11 +127,18 @@ class SentinelCompressor:
         probes = (self.probe, self.doc_probe) if documents else (self.probe,)
         return max(p.layout.num_layers for p in probes if p is not None)
 
+    @property
+    def cross(self) -> bool:
+        """Whether the forward pass also reads cross-document attention (the sentence probe's layout needs it)."""
+        return self.probe is not None and self.probe.layout.needs_cross
+
     def score(self, question: str, units: UnitTable, *, documents: bool = True) -> Scores:
         """Unit scores and document relevance. ``documents=False``: document relevance is only the best unit's
         score (no document probe, no calibration), and the forward pass stops at the sentence probe's depth."""
         depth = self.layers(documents)
-        attn = extract(self.proxy, units.by_document(), question, max_tokens=self.max_tokens, layers=depth)
+        attn = extract(
+            self.proxy, units.by_document(), question, max_tokens=self.max_tokens, layers=depth, cross=self.cross
+        )
         return self._scores(attn, question, units, documents)
 
     def score_batch(
@@ -141,7 +148,9 @@ class SentinelCompressor:
         if len(questions) != len(tables):
             raise InvalidInputError(f"{len(questions)} questions for {len(tables)} contexts")
         contexts = [(t.by_document(), q) for q, t in zip(questions, tables, strict=True)]
-        feats = extract_batch(self.proxy, contexts, max_tokens=self.max_tokens, layers=self.layers(documents))
+        feats = extract_batch(
+            self.proxy, contexts, max_tokens=self.max_tokens, layers=self.layers(documents), cross=self.cross
+        )
         return [self._scores(a, q, t, documents) for a, q, t in zip(feats, questions, tables, strict=True)]
 
     def _scores(self, attn: AttentionFeatures, question: str, units: UnitTable, documents: bool) -> Scores:

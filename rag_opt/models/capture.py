@@ -5,6 +5,11 @@ attention rows we need — those of the question's tokens and of the prompt's fi
 and key states (rotary embeddings already applied, GQA key heads repeated), restricted to the context tokens.
 This is exactly eager attention renormalised over the context, at the cost of ``rows × context`` dot products
 per head instead of a full ``T × T`` matrix (never ``output_attentions=True``).
+
+Optionally (``CaptureItem.sources``) it also reads *cross-document* rows: the attention of the last token of each
+sentence over the context before it (causal), summed per unit, for the units of *other, earlier* documents only —
+how much the documents that follow read each sentence. These rows are computed in chunks, so memory stays
+``chunk × context`` per head.
 """
 
 from __future__ import annotations
@@ -33,6 +38,11 @@ class CaptureItem:
     n_units: int
     q_rows: torch.Tensor  # rows: question tokens then the final token
     n_question_rows: int
+    # cross-document rows (optional): the last token of each source unit, what each row counts for, and how many
+    # context tokens each row sees (its causal prefix)
+    sources: torch.Tensor | None = None  # (S,) token positions
+    source_ok: torch.Tensor | None = None  # (S, U) bool: source s is a later sentence of another document than u
+    source_prefix: torch.Tensor | None = None  # (S,) float: context tokens at or before the source row
 
 
 @dataclass
@@ -46,11 +56,16 @@ class Capture:
     items: list[CaptureItem]
     stop_after: int | None = None
     sums: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # layer -> per item (views, heads, units)
+    # layer -> per item (heads, units): sum over the unit's sources of (attention on the unit × source prefix), or
+    # None for an item without sources
+    cross: dict[int, list[torch.Tensor | None]] = field(default_factory=dict)
 
 
 class StopForward(Exception):
     """Raised inside the forward pass once the last needed layer is recorded (caught by the extractor)."""
 
+
+CROSS_CHUNK = 128  # source rows per matmul in the cross-document read
 
 _ACTIVE: contextvars.ContextVar[Capture | None] = contextvars.ContextVar("rag_opt_capture", default=None)
 _REGISTER_LOCK = threading.Lock()
@@ -88,6 +103,7 @@ def _record(capture: Capture, module: Any, query: torch.Tensor, key: torch.Tenso
     head_dim = query.shape[-1]
     scale = scaling if scaling is not None else head_dim**-0.5
     per_item = []
+    cross: list[torch.Tensor | None] = []
     for b, item in enumerate(capture.items):
         q = query[b].index_select(1, item.q_rows).float()  # (H, R, d)
         k = key[b].index_select(1, item.ctx_pos).float()  # (KVH, C, d)
@@ -99,9 +115,32 @@ def _record(capture: Capture, module: Any, query: torch.Tensor, key: torch.Tenso
         sums = torch.zeros(views.shape[0], n_heads, item.n_units, dtype=torch.float32, device=views.device)
         sums.index_add_(2, item.unit_of_ctx, views)
         per_item.append(sums)
+        cross.append(_cross_rows(item, query[b], k, scale) if item.sources is not None else None)
     layer = int(getattr(module, "layer_idx", len(capture.sums)))
     capture.sums[layer] = per_item
+    capture.cross[layer] = cross
     return layer
+
+
+def _cross_rows(item: CaptureItem, query: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """Per head and unit: Σ over the unit's sources s (``source_ok``) of the attention row of s, summed over the
+    unit's tokens, times the row's prefix length (relative to uniform over what the row sees)."""
+    import torch
+
+    assert item.sources is not None and item.source_ok is not None and item.source_prefix is not None
+    n_heads = k.shape[0]
+    out = torch.zeros(n_heads, item.n_units, dtype=torch.float32, device=k.device)
+    for a in range(0, int(item.sources.shape[0]), CROSS_CHUNK):
+        src = item.sources[a : a + CROSS_CHUNK]
+        q = query.index_select(1, src).float()  # (H, S, d)
+        logits = torch.matmul(q, k.transpose(-1, -2)) * scale  # (H, S, C)
+        future = item.ctx_pos[None, :] > src[:, None]  # causal: a row sees the context up to itself
+        probs = torch.softmax(logits.masked_fill(future[None], float("-inf")), dim=-1)
+        per_unit = torch.zeros(n_heads, src.shape[0], item.n_units, dtype=torch.float32, device=k.device)
+        per_unit.index_add_(2, item.unit_of_ctx, probs)  # (H, S, U)
+        weight = item.source_ok[a : a + CROSS_CHUNK].float() * item.source_prefix[a : a + CROSS_CHUNK, None]
+        out += (per_unit * weight[None]).sum(dim=1)
+    return out
 
 
 def register_attention() -> None:

@@ -10,6 +10,11 @@ Per unit (a sentence, title or protected block) the feature is the mean attentio
 expressed relative to uniform attention over the context (so 1.0 means "as much as an average token"),
 which keeps features comparable across context lengths. Per document, the share of the context's attention
 mass that falls on the document is also returned.
+
+With ``cross=True`` a third reading is added per unit, layer and head: *cross-document attention*, the mean
+attention per token the unit receives from the last token of every sentence of another, later document in the
+same pass (each row relative to uniform over the context it sees). A bridge sentence that names an entity draws
+attention from that entity's own paragraph.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class AttentionFeatures:
     unit_tokens: np.ndarray  # (n_units,) proxy tokens per unit (0 when a unit got no token of its own)
     context_tokens: int  # context tokens in the largest window
     windows: int
+    cross: np.ndarray | None = None  # (n_units, n_layers, n_heads): cross-document attention (``extract(cross=True)``)
+    cross_sources: np.ndarray | None = None  # (n_units,) how many later sentences of other documents it averages
 
     @property
     def num_layers(self) -> int:
@@ -60,7 +67,13 @@ class AttentionFeatures:
         if k == self.num_layers:
             return self
         return AttentionFeatures(
-            self.unit[:, :, :k], self.doc_mass[:, :, :k], self.unit_tokens, self.context_tokens, self.windows
+            self.unit[:, :, :k],
+            self.doc_mass[:, :, :k],
+            self.unit_tokens,
+            self.context_tokens,
+            self.windows,
+            None if self.cross is None else self.cross[:, :k],
+            self.cross_sources,
         )
 
 
@@ -108,26 +121,52 @@ def _prompt(
     return _Prompt(context, window, list(enc["input_ids"]), ctx_pos, unit_of, q_rows, len(layout.unit_spans))
 
 
-def _run_prompts(
-    proxy: ProxyModel, prompts: Sequence[_Prompt], layers: int
-) -> list[tuple[np.ndarray, np.ndarray, int]]:
-    """One forward pass over a batch of prompts (right-padded), stopping after ``layers`` layers.
+@dataclass(frozen=True)
+class _Read:
+    """What one prompt's forward pass gave."""
 
-    Returns per prompt (unit sums (U, V, layers, H), unit token counts (U,), context tokens).
-    """
+    sums: np.ndarray  # (U, V, L, H) attention summed over each unit's tokens
+    counts: np.ndarray  # (U,) tokens per unit
+    n_ctx: int  # context tokens
+    cross: np.ndarray | None = None  # (U, L, H) Σ over sources of attention × prefix (see capture._cross_rows)
+    cross_sources: np.ndarray | None = None  # (U,) sources per unit
+
+
+def _cross_sources(prompt: _Prompt) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cross-document rows of a prompt: the last token of each unit that has tokens, which (source, unit) pairs
+    count (a later unit of another document), and how many context tokens each source row sees."""
+    unit_of = np.asarray(prompt.unit_of, dtype=np.int64)
+    ctx = np.asarray(prompt.ctx_pos, dtype=np.int64)
+    doc = np.concatenate([[d] * (b - a) for d, a, b in prompt.window]).astype(np.int64)
+    src_units = np.unique(unit_of)
+    last = np.zeros(len(src_units), dtype=np.int64)
+    np.maximum.at(last, np.searchsorted(src_units, unit_of), np.arange(len(unit_of)))
+    ends = ctx[last]
+    units = np.arange(prompt.n_units)
+    ok = (doc[src_units][:, None] != doc[None, :]) & (src_units[:, None] > units[None, :])
+    return ends, ok, (last + 1).astype(np.float32)
+
+
+def _run_prompts(proxy: ProxyModel, prompts: Sequence[_Prompt], layers: int, cross: bool = False) -> list[_Read]:
+    """One forward pass over a batch of prompts (right-padded), stopping after ``layers`` layers."""
     import torch
 
     dev = proxy.device
-    items = [
-        CaptureItem(
+    items = []
+    for p in prompts:
+        item = CaptureItem(
             ctx_pos=torch.tensor(p.ctx_pos, dtype=torch.long, device=dev),
             unit_of_ctx=torch.tensor(p.unit_of, dtype=torch.long, device=dev),
             n_units=p.n_units,
             q_rows=torch.tensor(p.q_rows + [len(p.ids) - 1], dtype=torch.long, device=dev),
             n_question_rows=len(p.q_rows),
         )
-        for p in prompts
-    ]
+        if cross:
+            ends, ok, prefix = _cross_sources(p)
+            item.sources = torch.tensor(ends, dtype=torch.long, device=dev)
+            item.source_ok = torch.tensor(ok, dtype=torch.bool, device=dev)
+            item.source_prefix = torch.tensor(prefix, dtype=torch.float32, device=dev)
+        items.append(item)
     capture = Capture(items=items, stop_after=layers - 1 if layers < proxy.num_layers else None)
     width = max(len(p.ids) for p in prompts)
     pad = proxy.tokenizer.pad_token_id
@@ -156,7 +195,15 @@ def _run_prompts(
         stacked = torch.stack([capture.sums[i][b] for i in range(layers)])  # (L, V, H, U)
         unit_sums = stacked.permute(3, 1, 0, 2).cpu().numpy()  # (U, V, L, H)
         counts = np.bincount(np.asarray(p.unit_of, dtype=np.int64), minlength=p.n_units)
-        out.append((unit_sums, counts, len(p.ctx_pos)))
+        read = _Read(unit_sums, counts, len(p.ctx_pos))
+        if cross:
+            rows = [capture.cross[i][b] for i in range(layers)]
+            source_ok = items[b].source_ok
+            assert all(r is not None for r in rows) and source_ok is not None
+            per_layer = torch.stack([r for r in rows if r is not None])  # (L, H, U)
+            n_src = source_ok.sum(dim=0).cpu().numpy()
+            read = _Read(unit_sums, counts, len(p.ctx_pos), per_layer.permute(2, 0, 1).cpu().numpy(), n_src)
+        out.append(read)
     return out
 
 
@@ -167,14 +214,16 @@ def extract(
     *,
     max_tokens: int = 2048,
     layers: int | None = None,
+    cross: bool = False,
 ) -> AttentionFeatures:
     """Attention features for every unit of ``docs`` (each a list of unit strings) given ``question``.
 
     Contexts longer than ``max_tokens`` proxy tokens are processed in windows of whole documents (a document
     longer than a window is split between units); every window repeats the question. Windows never exceed the
     model's own context length. ``layers``: run only the first this many layers (early exit; default all).
+    ``cross``: also read cross-document attention (:attr:`AttentionFeatures.cross`; within each window).
     """
-    return extract_batch(proxy, [(docs, question)], max_tokens=max_tokens, layers=layers)[0]
+    return extract_batch(proxy, [(docs, question)], max_tokens=max_tokens, layers=layers, cross=cross)[0]
 
 
 def extract_batch(
@@ -184,6 +233,7 @@ def extract_batch(
     max_tokens: int = 2048,
     layers: int | None = None,
     batch_tokens: int = 6144,
+    cross: bool = False,
 ) -> list[AttentionFeatures]:
     """:func:`extract` for several ``(docs, question)`` contexts, several prompts per forward pass.
 
@@ -199,13 +249,13 @@ def extract_batch(
             raise InvalidInputError("question is empty")
         for window in _plan_windows(proxy, docs, question, min(max_tokens, proxy.max_positions)):
             prompts.append(_prompt(proxy, c, window, docs, question))
-    results: dict[int, tuple[np.ndarray, np.ndarray, int]] = {}
+    results: dict[int, _Read] = {}
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))
     batch: list[int] = []
     for i in [*order, -1]:
         if batch and (i < 0 or len(prompts[i].ids) * (len(batch) + 1) > batch_tokens):
             checkpoint()  # between forward passes: stop here if the caller gave up (rag_opt.work)
-            for j, res in zip(batch, _run_prompts(proxy, [prompts[j] for j in batch], depth), strict=True):
+            for j, res in zip(batch, _run_prompts(proxy, [prompts[j] for j in batch], depth, cross), strict=True):
                 results[j] = res
             batch = []
         if i >= 0:
@@ -216,6 +266,7 @@ def extract_batch(
             [(prompts[i], results[i]) for i in range(len(prompts)) if prompts[i].context == c],
             depth,
             proxy.num_heads,
+            cross,
         )
         for c in range(len(contexts))
     ]
@@ -223,17 +274,21 @@ def extract_batch(
 
 def _assemble(
     docs: Sequence[Sequence[str]],
-    windows: list[tuple[_Prompt, tuple[np.ndarray, np.ndarray, int]]],
+    windows: list[tuple[_Prompt, _Read]],
     n_layers: int,
     n_heads: int,
+    cross: bool = False,
 ) -> AttentionFeatures:
     n_units = sum(len(u) for u in docs)
     unit = np.zeros((n_units, len(VIEWS), n_layers, n_heads), dtype=np.float32)
+    cross_units = np.zeros((n_units, n_layers, n_heads), dtype=np.float32) if cross else None
+    cross_sources = np.zeros(n_units, dtype=np.int64) if cross else None
     doc_mass = np.zeros((len(docs), len(VIEWS), n_layers, n_heads), dtype=np.float32)
     unit_tokens = np.zeros(n_units, dtype=np.int64)
     first_unit = np.cumsum([0] + [len(u) for u in docs])
     max_ctx = 0
-    for prompt, (sums, counts, n_ctx) in windows:
+    for prompt, read in windows:
+        sums, counts, n_ctx = read.sums, read.counts, read.n_ctx
         max_ctx = max(max_ctx, n_ctx)
         k = 0
         for d, a, b in prompt.window:
@@ -242,9 +297,14 @@ def _assemble(
                 unit_tokens[g] = counts[k]
                 if counts[k]:
                     unit[g] = sums[k] / counts[k] * n_ctx
+                if cross_units is not None and cross_sources is not None:
+                    assert read.cross is not None and read.cross_sources is not None
+                    cross_sources[g] = read.cross_sources[k]
+                    if counts[k] and read.cross_sources[k]:
+                        cross_units[g] = read.cross[k] / (read.cross_sources[k] * counts[k])
                 doc_mass[d] += sums[k]
                 k += 1
-    return AttentionFeatures(unit, doc_mass, unit_tokens, max_ctx, len(windows))
+    return AttentionFeatures(unit, doc_mass, unit_tokens, max_ctx, len(windows), cross_units, cross_sources)
 
 
 def _plan_windows(

@@ -97,15 +97,16 @@ def extract_nq(
     layers: int | None = None,
     progress: bool = True,
     desc: str = "NQ attention features",
+    cross: bool = False,
 ) -> int:
     """Compute (or reuse) attention features (of the first ``layers`` layers; default all) for ``instances``;
-    returns how many were computed."""
+    returns how many were computed. ``cross``: with cross-document attention (give it a cache of its own)."""
     from rag_opt.models.extract import extract
 
     return fill_cache(
         cache,
         [(inst.id, inst.units(), inst.example.question) for inst in instances],
-        lambda docs, q: extract(proxy, docs, q, max_tokens=max_tokens, layers=layers),
+        lambda docs, q: extract(proxy, docs, q, max_tokens=max_tokens, layers=layers, cross=cross),
         shard_size=20,
         progress=progress,
         desc=desc,

@@ -5,6 +5,10 @@ Features are stored in shards (``shard-00000.npz``, plain numpy arrays, no pickl
 cached are skipped, so a long background run can be stopped and restarted. Several extraction processes may
 write to one cache at once: each shard is written under a temporary name and then claimed atomically under a
 free shard name, so no writer overwrites another's shard and readers never see a partial one.
+
+Cross-document attention (``AttentionFeatures.cross``, extracted with ``cross=True``) is stored when every
+example of a shard has it; a probe that reads it needs a cache extracted that way (by convention, a dataset name
+ending in ``-cross``: see :func:`rag_opt.training.sentence_probe.feature_store`).
 """
 
 from __future__ import annotations
@@ -59,16 +63,21 @@ class FeatureCache:
                     z["ctx"],
                     z["windows"],
                 )
+                cross = z["cross"] if "cross" in z.files else None
+                sources = z["cross_sources"] if "cross_sources" in z.files else None
                 for i, ex_id in enumerate(z["ids"]):
                     key = str(ex_id)
                     if wanted is not None and key not in wanted:
                         continue
+                    a, b = uo[i], uo[i + 1]
                     out[key] = AttentionFeatures(
-                        unit=unit[uo[i] : uo[i + 1]].astype(np.float32),
+                        unit=unit[a:b].astype(np.float32),
                         doc_mass=mass[do[i] : do[i + 1]].astype(np.float32),
-                        unit_tokens=toks[uo[i] : uo[i + 1]],
+                        unit_tokens=toks[a:b],
                         context_tokens=int(ctx[i]),
                         windows=int(win[i]),
+                        cross=None if cross is None else cross[a:b].astype(np.float32),
+                        cross_sources=None if sources is None else sources[a:b],
                     )
         return out
 
@@ -83,21 +92,28 @@ class FeatureCache:
         self.root.mkdir(parents=True, exist_ok=True)
         uo = np.cumsum([0] + [it.features.unit.shape[0] for it in items])
         do = np.cumsum([0] + [it.features.doc_mass.shape[0] for it in items])
+        arrays: dict[str, np.ndarray] = {
+            "ids": np.array([it.id for it in items]),
+            "unit": np.concatenate([it.features.unit for it in items]).astype(np.float16),
+            "doc_mass": np.concatenate([it.features.doc_mass for it in items]).astype(np.float16),
+            "unit_tokens": np.concatenate([it.features.unit_tokens for it in items]),
+            "unit_offsets": uo,
+            "doc_offsets": do,
+            "ctx": np.array([it.features.context_tokens for it in items]),
+            "windows": np.array([it.features.windows for it in items]),
+        }
+        cross = [it.features.cross for it in items]
+        sources = [it.features.cross_sources for it in items]
+        if any(c is not None for c in cross) and not all(c is not None for c in cross):
+            raise ValueError("a shard mixes examples with and without cross-document attention")
+        if items and cross[0] is not None:
+            arrays["cross"] = np.concatenate([c for c in cross if c is not None]).astype(np.float16)
+            arrays["cross_sources"] = np.concatenate([n for n in sources if n is not None])
         tmp = self.root / f"tmp-shard-{uuid.uuid4().hex}.npz"  # this writer's own name (not matched by shards())
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
         try:
             with os.fdopen(fd, "wb") as fh:
-                np.savez(
-                    fh,
-                    ids=np.array([it.id for it in items]),
-                    unit=np.concatenate([it.features.unit for it in items]).astype(np.float16),
-                    doc_mass=np.concatenate([it.features.doc_mass for it in items]).astype(np.float16),
-                    unit_tokens=np.concatenate([it.features.unit_tokens for it in items]),
-                    unit_offsets=uo,
-                    doc_offsets=do,
-                    ctx=np.array([it.features.context_tokens for it in items]),
-                    windows=np.array([it.features.windows for it in items]),
-                )
+                np.savez(fh, allow_pickle=False, **arrays)
                 fh.flush()
                 os.fsync(fh.fileno())
             return self._claim(tmp)

@@ -80,19 +80,21 @@ def extract_hotpot(
     seed: int = 0,
     max_tokens: int = 2048,
     progress: bool = True,
+    cross: bool = False,
 ) -> FeatureStore:
     """Compute (or reuse) attention features of the first ``layers`` layers (default all; the forward pass
-    stops there) for HotpotQA examples at the proxy's precision ``dtype``, and return their store."""
+    stops there) for HotpotQA examples at the proxy's precision ``dtype``, and return their store.
+    ``cross``: with cross-document attention (a store of its own, named ``<split>-cross``)."""
     from rag_opt.models.extract import extract
     from rag_opt.models.loader import load_proxy_model
 
     proxy = load_proxy_model(model, dtype=dtype)
     examples = read_hotpotqa(path, limit=limit, seed=seed)
-    store = feature_store(cache_root, proxy, Path(path).name.split(".")[0], layers)
+    store = feature_store(cache_root, proxy, Path(path).name.split(".")[0] + ("-cross" if cross else ""), layers)
     fill_cache(
         store,
         [(ex.id, hotpot_units(ex), ex.question) for ex in examples],
-        lambda docs, q: extract(proxy, docs, q, max_tokens=max_tokens, layers=store.layers),
+        lambda docs, q: extract(proxy, docs, q, max_tokens=max_tokens, layers=store.layers, cross=cross),
         progress=progress,
         desc=f"features {Path(path).name}",
     )
@@ -256,9 +258,12 @@ def train_probe_cli(
 
     proxy = load_proxy_model(model, dtype=dtype)
     depth = layers or proxy.num_layers
-    store = extract_hotpot(data, cache_root, model=model, dtype=dtype, layers=depth, limit=limit, seed=seed)
-    examples = read_hotpotqa(data, limit=limit, seed=seed)
     layout = FeatureLayout(blocks or DEFAULT_BLOCKS, depth, proxy.num_heads)
+    cross = layout.needs_cross
+    store = extract_hotpot(
+        data, cache_root, model=model, dtype=dtype, layers=depth, limit=limit, seed=seed, cross=cross
+    )
+    examples = read_hotpotqa(data, limit=limit, seed=seed)
     tables: list[UnitTable] = []
     X, y, groups = build_training_set(examples, store.load(ex.id for ex in examples), layout, tables=tables)
     hotpot_questions = len(np.unique(groups))
@@ -270,8 +275,8 @@ def train_probe_cli(
         from rag_opt.training.nq_sentences import build_nq_training_set
 
         instances = random_positions(nq_records(nq_data, "train")[:nq_limit], 10, seed=seed)
-        nq_store = feature_store(cache_root, proxy, "nq-train-n10", depth)
-        extract_nq(instances, nq_store, proxy, layers=depth, desc="NQ train features, 10 documents")
+        nq_store = feature_store(cache_root, proxy, "nq-train-n10" + ("-cross" if cross else ""), depth)
+        extract_nq(instances, nq_store, proxy, layers=depth, desc="NQ train features, 10 documents", cross=cross)
         Xn, yn, gn = build_nq_training_set(
             instances, nq_store.load(i.id for i in instances), layout, group_offset=int(groups.max()) + 1, tables=tables
         )
