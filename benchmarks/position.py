@@ -30,6 +30,7 @@ import numpy as np
 from common import data_dir
 
 from rag_opt.compressors.doc_relevance import document_relevance
+from rag_opt.compressors.document_orders import mean_log_odds
 from rag_opt.compressors.features import build_features
 from rag_opt.compressors.lexical import bm25_scores
 from rag_opt.compressors.probe import Probe, shipped_probe
@@ -42,11 +43,13 @@ from rag_opt.text.units import UnitTable
 from rag_opt.training.calibration import estimate_profile, nq_calibration_contexts
 from rag_opt.training.datasets import read_jsonl
 from rag_opt.training.doc_probe import NQInstance, extract_nq, nq_cache, nq_records
+from rag_opt.training.feature_cache import FeatureCache
 
 logger = logging.getLogger("bench.position")
 RESULTS = Path(__file__).resolve().parent / "results"
 GRID = {10: [0, 4, 9], 20: [0, 4, 9, 14, 19], 30: [0, 4, 9, 14, 19, 24, 29]}
 LAST = VIEWS.index("last")
+TWO_READINGS = "rag-opt, two readings (passes=2)"
 
 
 def rank_of_gold(scores: np.ndarray, gold: int) -> int:
@@ -92,6 +95,19 @@ def nq_method_scores(
     return out
 
 
+def reversed_scores(
+    inst: NQInstance, attn: Any, prof: PositionProfile, doc_probe: Probe, sentence_probe: Probe | None
+) -> np.ndarray:
+    """rag-opt's document relevance from the reading with the documents reversed (in that reversed order)."""
+    units = inst.units()[::-1]
+    q = inst.example.question
+    best = None
+    if sentence_probe is not None:
+        cu = UnitTable.titled(units)
+        best = cu.doc_best(sentence_probe.unit_logits(build_features(sentence_probe.layout, attn, q, cu), cu))
+    return document_relevance(doc_probe, attn, q, units, prof, best_sentence=best)
+
+
 def run_nq(
     proxy: ProxyModel,
     n_docs: int,
@@ -101,19 +117,42 @@ def run_nq(
     doc_probe: Probe,
     sentence_probe: Probe | None,
     compare: dict[str, Probe],
+    two_readings: bool = False,
 ) -> dict[str, Any]:
     records = nq_records(data_dir() / "nq_multidoc" / "public.jsonl.gz", "test")[:questions]
     insts = [NQInstance(ex, n_docs, g) for g in GRID[n_docs] for ex in records]
+    # a sentence probe that reads cross-document attention needs features extracted with it (a cache of their own)
+    cross = sentence_probe is not None and sentence_probe.layout.needs_cross
     cache = nq_cache(cache_root, proxy.name, "test", n_docs)
-    extract_nq(insts, cache, proxy, desc=f"NQ test, {n_docs} documents")
+    if cross:
+        cache = FeatureCache(cache.root.with_name(cache.root.name + "-cross"))
+    extract_nq(insts, cache, proxy, desc=f"NQ test, {n_docs} documents", cross=cross)
     feats = cache.load(i.id for i in insts)
+    reversed_feats: dict[str, Any] = {}
+    if two_readings:  # the same contexts with the documents reversed: SentinelCompressor(passes=2)'s second reading
+        from rag_opt.models.extract import extract
+        from rag_opt.training.feature_cache import fill_cache
+
+        todo = [(f"{i.id}-reversed", i.units()[::-1], i.example.question) for i in insts]
+        fill_cache(
+            cache,
+            todo,
+            lambda d, q: extract(proxy, d, q, max_tokens=8192, cross=cross),
+            shard_size=20,
+            desc=f"NQ test, {n_docs} documents reversed",
+        )
+        reversed_feats = cache.load(t[0] for t in todo)
     per_pos: dict[str, dict[str, dict[str, float]]] = {}
     for gold_at in GRID[n_docs]:
         ranks: dict[str, list[int]] = {}
         for inst in insts:
             if inst.gold_at != gold_at:
                 continue
-            for name, s in nq_method_scores(inst, feats[inst.id], prof, doc_probe, sentence_probe, compare).items():
+            scores = nq_method_scores(inst, feats[inst.id], prof, doc_probe, sentence_probe, compare)
+            if two_readings:
+                second = reversed_scores(inst, reversed_feats[f"{inst.id}-reversed"], prof, doc_probe, sentence_probe)
+                scores[TWO_READINGS] = mean_log_odds(scores["rag-opt (doc probe, calibrated)"], second[::-1])
+            for name, s in scores.items():
                 ranks.setdefault(name, []).append(rank_of_gold(np.asarray(s, dtype=np.float64), gold_at))
         per_pos[str(gold_at)] = {
             name: {"recall@1": float(np.mean(np.array(r) <= 1)), "recall@3": float(np.mean(np.array(r) <= 3))}
@@ -213,6 +252,12 @@ def main() -> None:
     ap.add_argument("--doc-probe", default=None, help="document probe JSON (default: the shipped one)")
     ap.add_argument("--compare-probe", action="append", default=[], help="LABEL=PATH: also rank with this probe")
     ap.add_argument("--cache", default=str(cache_dir() / "features"), help="attention feature cache folder")
+    ap.add_argument(
+        "--two-readings",
+        default="",
+        help="comma-separated N: also rank with SentinelCompressor(passes=2), a second reading of each context with "
+        "the documents reversed (one more forward pass per context)",
+    )
     ap.add_argument("--out", default=str(RESULTS / "position"))
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -236,8 +281,9 @@ def main() -> None:
     for n_docs in (int(x) for x in args.n_docs.split(",") if x.strip() and x.strip() != "none"):
         prof = profile_for(proxy, n_docs, args.calibration_contexts)
         questions = int(per_n.get(str(n_docs), args.questions if not per_n else 30))
+        two = str(n_docs) in {x.strip() for x in args.two_readings.split(",")}
         results["n_docs"][str(n_docs)] = run_nq(
-            proxy, n_docs, questions, args.cache, prof, doc_probe, sentence_probe, compare
+            proxy, n_docs, questions, args.cache, prof, doc_probe, sentence_probe, compare, two
         )
     if args.kv_questions:
         results["kv_retrieval_75"] = run_kv(proxy, 75, args.kv_questions, [0, 24, 49, 74], args.cache)

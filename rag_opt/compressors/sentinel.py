@@ -10,6 +10,10 @@ shipped for the embedded default) and a calibration profile exists for the numbe
 the embedded default at 10, 20 and 30 documents; ``rag-opt calibrate`` builds others), it is the document
 probe's probability over position-calibrated per-head attention (:mod:`rag_opt.compressors.doc_relevance`) and
 ``Scores.calibrated`` is true. Otherwise it is the best unit score of the document.
+
+``passes=2`` (opt-in, twice the cost) reads the context a second time with the documents in reverse order and
+averages both readings (:mod:`rag_opt.compressors.document_orders`): documents the first slots' attention sink
+hides get a second reading from the end of the context.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 
 from rag_opt.compressors.base import Scores
 from rag_opt.compressors.doc_relevance import document_relevance
+from rag_opt.compressors.document_orders import mean_log_odds, reversed_documents, to_original
 from rag_opt.compressors.features import SENTENCE_BLOCKS, build_features
 from rag_opt.compressors.probe import Probe, shipped_probe, sigmoid
 from rag_opt.errors import InvalidInputError, ProbeMismatchError
@@ -64,9 +69,15 @@ class SentinelCompressor:
         max_tokens: int = 8192,
         doc_probe: Probe | None | str = "auto",
         profiles: ProfileStore | None | str = "auto",
+        passes: int = 1,
     ) -> None:
+        if passes not in (1, 2):
+            raise InvalidInputError(
+                f"passes must be 1 or 2 (2: a second reading in reverse document order), got {passes!r}"
+            )
         self.proxy = proxy
         self.max_tokens = max_tokens
+        self.passes = passes
         self.probe: Probe | None = _resolve_probe(probe, proxy, "unit")
         if self.probe is None and probe == "auto":
             logger.warning(
@@ -103,11 +114,12 @@ class SentinelCompressor:
         trust_remote_code: bool = False,
         doc_probe: Probe | None | str = "auto",
         profiles: ProfileStore | None | str = "auto",
+        passes: int = 1,
     ) -> SentinelCompressor:
         from rag_opt.models.loader import load_proxy_model
 
         proxy = load_proxy_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-        return cls(proxy, probe, max_tokens=max_tokens, doc_probe=doc_probe, profiles=profiles)
+        return cls(proxy, probe, max_tokens=max_tokens, doc_probe=doc_probe, profiles=profiles, passes=passes)
 
     @property
     def method(self) -> str:
@@ -135,6 +147,8 @@ class SentinelCompressor:
     def score(self, question: str, units: UnitTable, *, documents: bool = True) -> Scores:
         """Unit scores and document relevance. ``documents=False``: document relevance is only the best unit's
         score (no document probe, no calibration), and the forward pass stops at the sentence probe's depth."""
+        if self.passes == 2:
+            return self.score_batch([question], [units], documents=documents)[0]
         depth = self.layers(documents)
         attn = extract(
             self.proxy, units.by_document(), question, max_tokens=self.max_tokens, layers=depth, cross=self.cross
@@ -147,11 +161,20 @@ class SentinelCompressor:
         """:meth:`score` for several contexts, several per forward pass (sorted by length, padded)."""
         if len(questions) != len(tables):
             raise InvalidInputError(f"{len(questions)} questions for {len(tables)} contexts")
-        contexts = [(t.by_document(), q) for q, t in zip(questions, tables, strict=True)]
+        readings = [(q, t) for q, t in zip(questions, tables, strict=True)]
+        second: list[tuple[str, UnitTable, np.ndarray]] = []
+        if self.passes == 2:  # the same contexts with their documents reversed, in the same batches
+            second = [(q, *reversed_documents(t)) for q, t in readings]
+            readings += [(q, t) for q, t, _ in second]
+        contexts = [(t.by_document(), q) for q, t in readings]
         feats = extract_batch(
             self.proxy, contexts, max_tokens=self.max_tokens, layers=self.layers(documents), cross=self.cross
         )
-        return [self._scores(a, q, t, documents) for a, q, t in zip(feats, questions, tables, strict=True)]
+        scores = [self._scores(a, q, t, documents) for a, (q, t) in zip(feats, readings, strict=True)]
+        if not second:
+            return scores
+        n = len(tables)
+        return [_merge(scores[i], scores[n + i], second[i][2]) for i in range(n)]
 
     def _scores(self, attn: AttentionFeatures, question: str, units: UnitTable, documents: bool) -> Scores:
         docs = units.by_document()
@@ -198,6 +221,28 @@ class SentinelCompressor:
     def profile(self, n_docs: int) -> PositionProfile | None:
         """The calibration profile of this proxy for ``n_docs`` documents, if any (parsed once per file)."""
         return self.profiles.get(self.proxy.name, n_docs) if self.profiles is not None else None
+
+
+def _merge(first: Scores, second: Scores, rows: np.ndarray) -> Scores:
+    """One context's scores from its two readings (``second``: documents reversed, ``rows`` its row map): the mean
+    log-odds of the probabilities a probe gives, the plain mean of raw attention."""
+
+    def mean(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return mean_log_odds(a, b) if first.method == "probe" else (np.asarray(a) + np.asarray(b)) / 2.0
+
+    raw = None
+    if first.doc_raw is not None and second.doc_raw is not None:
+        raw = mean(first.doc_raw, second.doc_raw[::-1])
+    return Scores(
+        unit=mean(first.unit, to_original(second.unit, rows)),
+        doc=mean(first.doc, second.doc[::-1]),
+        method=first.method,
+        model=first.model,
+        attention=first.attention,
+        doc_raw=raw,
+        calibrated=first.calibrated and second.calibrated,
+        calibration_note=first.calibration_note or second.calibration_note,
+    )
 
 
 def _resolve_probe(spec: Probe | None | str, proxy: ProxyModel, level: str) -> Probe | None:
