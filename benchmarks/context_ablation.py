@@ -26,7 +26,7 @@ from common import data_dir
 from probe_ablation import evaluate
 
 from rag_opt.compressors.context_features import CONTEXT_FEATURES
-from rag_opt.compressors.features import DEFAULT_BLOCKS, FeatureLayout, build_features
+from rag_opt.compressors.features import BASE_BLOCKS, FeatureLayout, build_features
 from rag_opt.paths import cache_dir
 from rag_opt.training.datasets import read_hotpotqa
 from rag_opt.training.feature_cache import FeatureStore
@@ -77,7 +77,7 @@ def main() -> None:
     dev = [ex for ex in dev if ex.id in df]
     if not train or not dev:
         raise SystemExit("no cached features: fill the train and dev caches first (see the docstring)")
-    layout = FeatureLayout(DEFAULT_BLOCKS, args.layers, args.heads)
+    layout = FeatureLayout(BASE_BLOCKS, args.layers, args.heads)
     tables: list = []
     X, y, groups = build_training_set(train, tf, layout, progress=False, tables=tables)
     l2, _ = choose_l2(X, y, groups)

@@ -27,7 +27,7 @@ def main() -> None:
     from common import data_dir
 
     from rag_opt.compressors.doc_relevance import DEFAULT_DOC_BLOCKS
-    from rag_opt.compressors.features import DEFAULT_BLOCKS, FeatureLayout
+    from rag_opt.compressors.features import BASE_BLOCKS, FeatureLayout
     from rag_opt.models.prompt import TEMPLATE_ID
     from rag_opt.orderers.profiles import ProfileStore
     from rag_opt.paths import cache_dir
@@ -56,7 +56,7 @@ def main() -> None:
         raise SystemExit(f"no cached features in {args.hotpot_cache!r}: extract them first")
     report: dict[str, dict[str, object]] = {}
     for k in depths:
-        layout = FeatureLayout(DEFAULT_BLOCKS, k, args.heads)
+        layout = FeatureLayout(BASE_BLOCKS, k, args.heads)
         X, y, groups = build_training_set(examples, feats, layout, progress=False)
         l2, losses = choose_l2(X, y, groups)
         meta = {

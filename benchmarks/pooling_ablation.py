@@ -38,7 +38,7 @@ from common import data_dir
 from probe_ablation import evaluate
 
 from rag_opt.compressors.context_features import DEFAULT_CONTEXT
-from rag_opt.compressors.features import DEFAULT_BLOCKS, FeatureLayout, build_features
+from rag_opt.compressors.features import BASE_BLOCKS, FeatureLayout, build_features
 from rag_opt.models.extract import AttentionFeatures
 from rag_opt.paths import cache_dir
 from rag_opt.text.units import UnitTable
@@ -240,7 +240,7 @@ def main() -> None:
         return
     recs = {ex.id: load(root / f"{ex.id}.npz") for ex in [*train, *dev]}
     any_rec = next(iter(recs.values()))
-    layout = FeatureLayout(DEFAULT_BLOCKS, any_rec.attn.num_layers, any_rec.attn.num_heads)
+    layout = FeatureLayout(BASE_BLOCKS, any_rec.attn.num_layers, any_rec.attn.num_heads)
     results: dict[str, Any] = {}
     for variant in [(), ("max",), ("cross",), ("max", "cross")]:
         name = "+".join(("mean (shipped)", *variant))

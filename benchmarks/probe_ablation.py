@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from common import data_dir
 
-from rag_opt.compressors.features import ALL_BLOCKS, DEFAULT_BLOCKS, FeatureLayout, build_features
+from rag_opt.compressors.features import ALL_BLOCKS, BASE_BLOCKS, CROSS_BLOCKS, FeatureLayout, build_features
 from rag_opt.compressors.lexical import bm25_scores
 from rag_opt.compressors.selection import select
 from rag_opt.text.tokens import get_token_counter
@@ -114,10 +114,10 @@ def main() -> None:
         ("attn_last", "attn_question", "lexical"),
         ("attn_last", "attn_question", "doc_attn_question", "lexical"),
         ("attn_last_ctx", "attn_question_ctx", "doc_attn_question", "lexical"),
-        ALL_BLOCKS,
+        tuple(b for b in ALL_BLOCKS if b not in CROSS_BLOCKS),  # its cache has no cross-document rows
     ]
     if args.only_full:
-        variants = [DEFAULT_BLOCKS]
+        variants = [BASE_BLOCKS]
     for blocks in variants:
         layout = FeatureLayout(tuple(blocks), L, H)
         t = time.time()

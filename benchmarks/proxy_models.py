@@ -17,7 +17,7 @@ from pathlib import Path
 
 from common import data_dir
 
-from rag_opt.compressors.features import DEFAULT_BLOCKS, FeatureLayout, build_features
+from rag_opt.compressors.features import BASE_BLOCKS, FeatureLayout, build_features
 from rag_opt.models.extract import extract
 from rag_opt.models.loader import load_proxy_model
 from rag_opt.training.datasets import read_hotpotqa
@@ -51,7 +51,7 @@ def main() -> None:
         tc, dc = caches[m]
         tf, df = tc.load(ex.id for ex in train), dc.load(ex.id for ex in dev)
         a = next(iter(tf.values()))
-        layout = FeatureLayout(DEFAULT_BLOCKS, a.num_layers, a.num_heads)
+        layout = FeatureLayout(BASE_BLOCKS, a.num_layers, a.num_heads)
         X, y, groups = build_training_set(train, tf, layout, progress=False)
         probe = fit_probe(X, y, layout, m, l2=choose_l2(X, y, groups)[0], seed=0, meta={})
 

@@ -101,7 +101,8 @@ def test_train_probe_command_on_real_hotpotqa(tmp_path):
     assert probe.model == "embedded:smollm2-135m" and probe.layout.num_layers == 30
     assert "6 questions" in probe.metadata["trained_on"]
     assert probe.context is not None and probe.context.names == DEFAULT_CONTEXT  # the second stage, by default
-    cache = feature_store(tmp_path / "c", load_proxy_model(), "train").target  # at the default precision
+    assert probe.layout.needs_cross  # the default blocks read cross-document attention: a cache of its own
+    cache = feature_store(tmp_path / "c", load_proxy_model(), "train-cross").target  # at the default precision
     assert len(cache.ids()) == 6
     # a second run reuses the cached features: same probe, no new shard
     shards = cache.shards()

@@ -322,9 +322,13 @@ def train_doc_probe_cli(
         insts = random_positions(records, n, seed=seed)
         seen = {i.id for i in insts}
         insts += [i for i in (NQInstance(ex, n, 0) for ex in records[:first_slot]) if i.id not in seen]
-        fstore = feature_store(cache_root, proxy, f"nq-train-n{n}", layers)
+        # a sentence probe that reads cross-document attention needs features extracted with it (their own cache)
+        cross = sprobe is not None and sprobe.layout.needs_cross
+        fstore = feature_store(cache_root, proxy, f"nq-train-n{n}" + ("-cross" if cross else ""), layers)
         if not cached_only:
-            extract_nq(insts, fstore, proxy, layers=fstore.layers, desc=f"NQ train features, {n} documents")
+            extract_nq(
+                insts, fstore, proxy, layers=fstore.layers, desc=f"NQ train features, {n} documents", cross=cross
+            )
         cached = fstore.load(i.id for i in insts)
         features.update(cached)
         instances.extend(i for i in insts if i.id in cached)
