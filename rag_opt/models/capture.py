@@ -38,11 +38,12 @@ class CaptureItem:
     n_units: int
     q_rows: torch.Tensor  # rows: question tokens then the final token
     n_question_rows: int
-    # cross-document rows (optional): the last token of each source unit, what each row counts for, and how many
-    # context tokens each row sees (its causal prefix)
+    # cross-document rows (optional): the last token of each source unit; per (source, context token) the causal
+    # mask as an additive bias (0, or -inf after the source) and the weight the token's attention counts with (the
+    # source row's prefix length when the token's unit is an earlier unit of another document, else 0)
     sources: torch.Tensor | None = None  # (S,) token positions
-    source_ok: torch.Tensor | None = None  # (S, U) bool: source s is a later sentence of another document than u
-    source_prefix: torch.Tensor | None = None  # (S,) float: context tokens at or before the source row
+    source_bias: torch.Tensor | None = None  # (S, C)
+    source_weight: torch.Tensor | None = None  # (S, C)
 
 
 @dataclass
@@ -123,23 +124,22 @@ def _record(capture: Capture, module: Any, query: torch.Tensor, key: torch.Tenso
 
 
 def _cross_rows(item: CaptureItem, query: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """Per head and unit: Σ over the unit's sources s (``source_ok``) of the attention row of s, summed over the
-    unit's tokens, times the row's prefix length (relative to uniform over what the row sees)."""
+    """Per head and unit: Σ over the unit's sources of the source row's attention on the unit's tokens (causal,
+    renormalised over the context the row sees), times the row's prefix length (relative to uniform)."""
     import torch
 
-    assert item.sources is not None and item.source_ok is not None and item.source_prefix is not None
+    assert item.sources is not None and item.source_bias is not None and item.source_weight is not None
     n_heads = k.shape[0]
-    out = torch.zeros(n_heads, item.n_units, dtype=torch.float32, device=k.device)
+    per_token = torch.zeros(n_heads, k.shape[1], dtype=torch.float32, device=k.device)  # (H, C)
     for a in range(0, int(item.sources.shape[0]), CROSS_CHUNK):
-        src = item.sources[a : a + CROSS_CHUNK]
-        q = query.index_select(1, src).float()  # (H, S, d)
-        logits = torch.matmul(q, k.transpose(-1, -2)) * scale  # (H, S, C)
-        future = item.ctx_pos[None, :] > src[:, None]  # causal: a row sees the context up to itself
-        probs = torch.softmax(logits.masked_fill(future[None], float("-inf")), dim=-1)
-        per_unit = torch.zeros(n_heads, src.shape[0], item.n_units, dtype=torch.float32, device=k.device)
-        per_unit.index_add_(2, item.unit_of_ctx, probs)  # (H, S, U)
-        weight = item.source_ok[a : a + CROSS_CHUNK].float() * item.source_prefix[a : a + CROSS_CHUNK, None]
-        out += (per_unit * weight[None]).sum(dim=1)
+        q = query.index_select(1, item.sources[a : a + CROSS_CHUNK]).float()  # (H, S, d)
+        logits = torch.baddbmm(
+            item.source_bias[a : a + CROSS_CHUNK].expand(n_heads, -1, -1), q, k.transpose(-1, -2), alpha=scale
+        )  # (H, S, C), -inf after each source
+        probs = torch.softmax(logits, dim=-1)
+        per_token += (probs * item.source_weight[None, a : a + CROSS_CHUNK]).sum(dim=1)
+    out = torch.zeros(n_heads, item.n_units, dtype=torch.float32, device=k.device)
+    out.index_add_(1, item.unit_of_ctx, per_token)
     return out
 
 

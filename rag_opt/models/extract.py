@@ -132,9 +132,17 @@ class _Read:
     cross_sources: np.ndarray | None = None  # (U,) sources per unit
 
 
-def _cross_sources(prompt: _Prompt) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Cross-document rows of a prompt: the last token of each unit that has tokens, which (source, unit) pairs
-    count (a later unit of another document), and how many context tokens each source row sees."""
+@dataclass(frozen=True)
+class _Sources:
+    """Cross-document rows of a prompt (see :class:`~rag_opt.models.capture.CaptureItem`)."""
+
+    ends: np.ndarray  # (S,) token position of the last token of each unit that has tokens
+    ok: np.ndarray  # (S, U) bool: the source is a later unit of another document than the unit
+    bias: np.ndarray  # (S, C) float32: 0 up to the source's own position, -inf after (causal)
+    weight: np.ndarray  # (S, C) float32: the source's prefix length where the token's unit is ``ok``, else 0
+
+
+def _cross_sources(prompt: _Prompt) -> _Sources:
     unit_of = np.asarray(prompt.unit_of, dtype=np.int64)
     ctx = np.asarray(prompt.ctx_pos, dtype=np.int64)
     doc = np.concatenate([[d] * (b - a) for d, a, b in prompt.window]).astype(np.int64)
@@ -144,7 +152,9 @@ def _cross_sources(prompt: _Prompt) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     ends = ctx[last]
     units = np.arange(prompt.n_units)
     ok = (doc[src_units][:, None] != doc[None, :]) & (src_units[:, None] > units[None, :])
-    return ends, ok, (last + 1).astype(np.float32)
+    bias = np.where(ctx[None, :] > ends[:, None], -np.inf, 0.0).astype(np.float32)
+    weight = (ok[:, unit_of] * (last + 1)[:, None]).astype(np.float32)  # prefix: context tokens the row sees
+    return _Sources(ends, ok, bias, weight)
 
 
 def _run_prompts(proxy: ProxyModel, prompts: Sequence[_Prompt], layers: int, cross: bool = False) -> list[_Read]:
@@ -153,6 +163,7 @@ def _run_prompts(proxy: ProxyModel, prompts: Sequence[_Prompt], layers: int, cro
 
     dev = proxy.device
     items = []
+    sources: list[_Sources] = []
     for p in prompts:
         item = CaptureItem(
             ctx_pos=torch.tensor(p.ctx_pos, dtype=torch.long, device=dev),
@@ -162,10 +173,11 @@ def _run_prompts(proxy: ProxyModel, prompts: Sequence[_Prompt], layers: int, cro
             n_question_rows=len(p.q_rows),
         )
         if cross:
-            ends, ok, prefix = _cross_sources(p)
-            item.sources = torch.tensor(ends, dtype=torch.long, device=dev)
-            item.source_ok = torch.tensor(ok, dtype=torch.bool, device=dev)
-            item.source_prefix = torch.tensor(prefix, dtype=torch.float32, device=dev)
+            src = _cross_sources(p)
+            sources.append(src)
+            item.sources = torch.tensor(src.ends, dtype=torch.long, device=dev)
+            item.source_bias = torch.from_numpy(src.bias).to(dev)
+            item.source_weight = torch.from_numpy(src.weight).to(dev)
         items.append(item)
     capture = Capture(items=items, stop_after=layers - 1 if layers < proxy.num_layers else None)
     width = max(len(p.ids) for p in prompts)
@@ -198,10 +210,9 @@ def _run_prompts(proxy: ProxyModel, prompts: Sequence[_Prompt], layers: int, cro
         read = _Read(unit_sums, counts, len(p.ctx_pos))
         if cross:
             rows = [capture.cross[i][b] for i in range(layers)]
-            source_ok = items[b].source_ok
-            assert all(r is not None for r in rows) and source_ok is not None
+            assert all(r is not None for r in rows)
             per_layer = torch.stack([r for r in rows if r is not None])  # (L, H, U)
-            n_src = source_ok.sum(dim=0).cpu().numpy()
+            n_src = sources[b].ok.sum(axis=0)
             read = _Read(unit_sums, counts, len(p.ctx_pos), per_layer.permute(2, 0, 1).cpu().numpy(), n_src)
         out.append(read)
     return out
