@@ -141,7 +141,7 @@ def forward(proxy: Any, docs: list[list[str]], question: str, layers: int) -> Re
     n_ctx = len(pr.ctx_pos)
     sums = torch.stack([capture.sums[i][0] for i in range(layers)]).permute(3, 1, 0, 2).numpy()  # (U,V,L,H)
     counts = np.bincount(unit_of, minlength=n_units)
-    attn = ex._assemble(docs, [(pr, (sums, counts, n_ctx))], layers, proxy.num_heads)
+    attn = ex._assemble(docs, [(pr, ex._Read(sums, counts, n_ctx))], layers, proxy.num_heads)
     extra = capture.extra  # type: ignore[attr-defined]
     maxed = torch.stack([extra["max"][0][i] for i in range(layers)]).permute(3, 1, 0, 2).numpy() * n_ctx
     cross = torch.stack([extra["cross"][0][i] for i in range(layers)]).numpy()  # (L, H, S, U)

@@ -10,7 +10,9 @@ from tests.helpers import hotpot_dev
 pytestmark = pytest.mark.model
 
 
-def _reference(proxy, docs, question):
+def _eager(proxy, docs, question):
+    """Eager attention (``output_attentions=True``, the reference only) over the rendered prompt, with the
+    prompt's context positions, their units and the question's rows."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -24,10 +26,13 @@ def _reference(proxy, docs, question):
     ctx_pos, unit_of, q_rows = _token_units([tuple(o) for o in enc["offset_mapping"]], layout)
     with torch.no_grad():
         out = eager(torch.tensor([enc["input_ids"]]), output_attentions=True)
-    n_units = len(layout.unit_spans)
-    ref = np.zeros((n_units, 2, len(out.attentions), proxy.num_heads))
-    unit_of = np.asarray(unit_of)
-    for layer, att in enumerate(out.attentions):
+    return out.attentions, np.asarray(ctx_pos), np.asarray(unit_of), q_rows, len(layout.unit_spans)
+
+
+def _reference(proxy, docs, question):
+    attentions, ctx_pos, unit_of, q_rows, n_units = _eager(proxy, docs, question)
+    ref = np.zeros((n_units, 2, len(attentions), proxy.num_heads))
+    for layer, att in enumerate(attentions):
         a = att[0].numpy()  # (H, T, T)
         rows = a[:, q_rows + [a.shape[1] - 1]][:, :, ctx_pos]
         rows = rows / rows.sum(-1, keepdims=True)  # renormalise over the context
@@ -108,28 +113,15 @@ def _cross_reference(proxy, docs, question):
     """Cross-document attention from eager attention: per unit, the mean over later sentences of other documents
     of the attention from the sentence's last token, renormalised over the context it sees, per token of the unit
     relative to uniform."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from rag_opt.models.extract import _token_units
-    from rag_opt.models.gguf import converted_gguf_dir
-    from rag_opt.models.prompt import render_prompt
-
-    eager = AutoModelForCausalLM.from_pretrained(str(converted_gguf_dir(proxy.source)), attn_implementation="eager")
-    layout = render_prompt(docs, question)
-    enc = proxy.tokenizer(layout.text, return_offsets_mapping=True)
-    ctx_pos, unit_of, _ = _token_units([tuple(o) for o in enc["offset_mapping"]], layout)
-    with torch.no_grad():
-        out = eager(torch.tensor([enc["input_ids"]]), output_attentions=True)
-    ctx_pos, unit_of = np.asarray(ctx_pos), np.asarray(unit_of)
+    attentions, ctx_pos, unit_of, _, _ = _eager(proxy, docs, question)
     doc = np.concatenate([[d] * len(u) for d, u in enumerate(docs)])
     n_units = len(doc)
-    ref = np.zeros((n_units, len(out.attentions), proxy.num_heads))
+    ref = np.zeros((n_units, len(attentions), proxy.num_heads))
     n_src = np.zeros(n_units, dtype=int)
     for u in range(n_units):
         sources = [s for s in range(u + 1, n_units) if doc[s] != doc[u] and (unit_of == s).any()]
         n_src[u] = len(sources)
-        for layer, att in enumerate(out.attentions):
+        for layer, att in enumerate(attentions):
             a = att[0].numpy()
             vals = []
             for s in sources:
