@@ -78,6 +78,13 @@ def _add_probe_args(p: argparse.ArgumentParser, *, data: str, model_features: bo
         p.add_argument("--cache", default=None, help="feature cache folder (default: <rag-opt cache>/features)")
         p.add_argument("--l2", type=float, default=None, help="L2 strength (default: chosen on held-out questions)")
         p.add_argument("--blocks", default=None, help="comma-separated feature blocks (default: the shipped ones)")
+        p.add_argument(
+            "--encoding",
+            choices=("parallel", "joint"),
+            default="joint",
+            help="how the proxy reads the context: joint (one causal pass) or parallel (each document on its own, "
+            "then the question; features cached apart) (default joint)",
+        )
         _add_layers(p)
         add_model_args(p)
 
@@ -207,6 +214,7 @@ def _train_probe(args: argparse.Namespace) -> int:
         context=_context(args.context),
         nq_data=_data(args.nq_data, "nq_multidoc", "public.jsonl.gz") if args.nq else None,
         nq_limit=args.nq,
+        encoding=args.encoding,
     )
     return 0
 

@@ -56,6 +56,12 @@ class Capture:
 
     items: list[CaptureItem]
     stop_after: int | None = None
+    # parallel encoding (rag_opt.models.parallel): ``keep_kv`` keeps every layer's key/value states (a document
+    # pass); ``past`` holds per layer the cached states (B, KVH, C, d) that this pass's tokens attend to before
+    # their own (a question pass over cached documents, with its own 4D mask)
+    keep_kv: bool = False
+    past: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+    kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     sums: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # layer -> per item (views, heads, units)
     # layer -> per item (heads, units): sum over the unit's sources of (attention on the unit × source prefix), or
     # None for an item without sources
@@ -87,6 +93,14 @@ def _rows_attention(
 
     capture = _ACTIVE.get()
     if capture is not None:
+        index = int(getattr(module, "layer_idx", len(capture.sums)))
+        if capture.past is not None:
+            import torch
+
+            past_k, past_v = capture.past[index]
+            key, value = torch.cat([past_k, key], dim=2), torch.cat([past_v, value], dim=2)
+        if capture.keep_kv:
+            capture.kv[index] = (key, value)
         layer = _record(capture, module, query, key, scaling)
         if capture.stop_after is not None and layer >= capture.stop_after:
             raise StopForward

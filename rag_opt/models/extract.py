@@ -29,10 +29,19 @@ import numpy as np
 
 from rag_opt.errors import InvalidInputError
 from rag_opt.models.capture import Capture, CaptureItem, StopForward, capturing
-from rag_opt.models.prompt import ANSWER_SUFFIX, CONTEXT_PREFIX, QUESTION_PREFIX, VIEWS, PromptLayout, render_prompt
+from rag_opt.models.prompt import (
+    ANSWER_SUFFIX,
+    CONTEXT_PREFIX,
+    QUESTION_PREFIX,
+    VIEWS,
+    PromptLayout,
+    render_prompt,
+    template_for,
+)
 from rag_opt.work import check_proxy_tokens, checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.models.encoding_cache import EncodingCache
     from rag_opt.models.loader import ProxyModel
 
 __all__ = ["AttentionFeatures", "extract", "extract_batch"]
@@ -51,6 +60,9 @@ class AttentionFeatures:
     windows: int
     cross: np.ndarray | None = None  # (n_units, n_layers, n_heads): cross-document attention (``extract(cross=True)``)
     cross_sources: np.ndarray | None = None  # (n_units,) how many later sentences of other documents it averages
+    encoding: str = "joint"  # how the context was read: "joint" (one causal pass) or "parallel"
+    cache_hits: int = 0  # parallel encoding: blocks whose encoding came from the cache
+    cache_misses: int = 0  # ... and blocks encoded by this call
 
     @property
     def num_layers(self) -> int:
@@ -74,6 +86,9 @@ class AttentionFeatures:
             self.windows,
             None if self.cross is None else self.cross[:, :k],
             self.cross_sources,
+            self.encoding,
+            self.cache_hits,
+            self.cache_misses,
         )
 
 
@@ -226,6 +241,8 @@ def extract(
     max_tokens: int = 2048,
     layers: int | None = None,
     cross: bool = False,
+    encoding: str = "joint",
+    cache: EncodingCache | None = None,
 ) -> AttentionFeatures:
     """Attention features for every unit of ``docs`` (each a list of unit strings) given ``question``.
 
@@ -233,8 +250,13 @@ def extract(
     longer than a window is split between units); every window repeats the question. Windows never exceed the
     model's own context length. ``layers``: run only the first this many layers (early exit; default all).
     ``cross``: also read cross-document attention (:attr:`AttentionFeatures.cross`; within each window).
+    ``encoding``: ``"joint"`` (one causal pass over the whole prompt) or ``"parallel"`` (each document on its
+    own, then a question pass: :mod:`rag_opt.models.parallel`; no windows, ``max_tokens`` bounds a block), whose
+    document encodings ``cache`` keeps.
     """
-    return extract_batch(proxy, [(docs, question)], max_tokens=max_tokens, layers=layers, cross=cross)[0]
+    return extract_batch(
+        proxy, [(docs, question)], max_tokens=max_tokens, layers=layers, cross=cross, encoding=encoding, cache=cache
+    )[0]
 
 
 def extract_batch(
@@ -245,6 +267,8 @@ def extract_batch(
     layers: int | None = None,
     batch_tokens: int = 6144,
     cross: bool = False,
+    encoding: str = "joint",
+    cache: EncodingCache | None = None,
 ) -> list[AttentionFeatures]:
     """:func:`extract` for several ``(docs, question)`` contexts, several prompts per forward pass.
 
@@ -254,6 +278,23 @@ def extract_batch(
     depth = proxy.num_layers if layers is None else int(layers)
     if not 1 <= depth <= proxy.num_layers:
         raise InvalidInputError(f"layers must be in 1..{proxy.num_layers}, got {layers}")
+    template_for(encoding)  # refuses an unknown encoding
+    if encoding == "parallel":
+        if cross:
+            raise InvalidInputError(
+                "cross-document attention needs the joint encoding: under parallel encoding documents do not read "
+                "each other"
+            )
+        if not contexts:
+            return []
+        from rag_opt.models.parallel_features import extract_parallel
+
+        for _, question in contexts:
+            if not question.strip():
+                raise InvalidInputError("question is empty")
+        return extract_parallel(
+            proxy, contexts, layers=depth, max_tokens=max_tokens, cache=cache, batch_tokens=batch_tokens
+        )
     prompts: list[_Prompt] = []
     for c, (docs, question) in enumerate(contexts):
         if not question.strip():

@@ -13,11 +13,14 @@ __all__ = [
     "ANSWER_SUFFIX",
     "CONTEXT_PREFIX",
     "DOC_SEPARATOR",
+    "ENCODINGS",
+    "PARALLEL_TEMPLATE_ID",
     "QUESTION_PREFIX",
     "TEMPLATE_ID",
     "VIEWS",
     "PromptLayout",
     "render_prompt",
+    "template_for",
 ]
 
 VIEWS = ("last", "question")
@@ -25,7 +28,21 @@ CONTEXT_PREFIX = "Documents:\n"  # takes the first position, whose attention-sin
 QUESTION_PREFIX = "Question: "
 ANSWER_SUFFIX = "\nAnswer:"
 DOC_SEPARATOR = "\n\n"
-TEMPLATE_ID = "ctx-q-v2"  # changes whenever the prompt layout below changes (keys calibration caches)
+TEMPLATE_ID = "ctx-q-v2"  # the joint encoding's; changes whenever the prompt layout below changes
+# the same text read with parallel encoding (rag_opt.models.parallel): each document on its own, then the question
+PARALLEL_TEMPLATE_ID = "ctx-q-par-v1"
+ENCODINGS = ("parallel", "joint")
+
+
+def template_for(encoding: str) -> str:
+    """The template id of an encoding: what probes, profiles and feature caches record and are checked against."""
+    if encoding == "joint":
+        return TEMPLATE_ID
+    if encoding == "parallel":
+        return PARALLEL_TEMPLATE_ID
+    from rag_opt.errors import InvalidInputError
+
+    raise InvalidInputError(f"unknown encoding {encoding!r}; use one of {list(ENCODINGS)}")
 
 
 @dataclass(frozen=True)

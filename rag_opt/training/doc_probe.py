@@ -98,15 +98,19 @@ def extract_nq(
     progress: bool = True,
     desc: str = "NQ attention features",
     cross: bool = False,
+    encoding: str = "joint",
 ) -> int:
     """Compute (or reuse) attention features (of the first ``layers`` layers; default all) for ``instances``;
-    returns how many were computed. ``cross``: with cross-document attention (give it a cache of its own)."""
-    from rag_opt.models.extract import extract
+    returns how many were computed. ``cross``: with cross-document attention (give it a cache of its own).
+    ``encoding``: how the proxy reads each context (give ``parallel`` features a cache of their own)."""
+    from rag_opt.models.extract import extract_batch
 
     return fill_cache(
         cache,
         [(inst.id, inst.units(), inst.example.question) for inst in instances],
-        lambda docs, q: extract(proxy, docs, q, max_tokens=max_tokens, layers=layers, cross=cross),
+        lambda contexts: extract_batch(
+            proxy, contexts, max_tokens=max_tokens, layers=layers, cross=cross, encoding=encoding
+        ),
         shard_size=20,
         progress=progress,
         desc=desc,

@@ -206,7 +206,7 @@ class FeatureStore:
 def fill_cache(
     cache: FeatureCache | FeatureStore,
     examples: Sequence[tuple[str, Sequence[Sequence[str]], str]],
-    compute: Callable[[Sequence[Sequence[str]], str], AttentionFeatures],
+    compute: Callable[[list[tuple[Sequence[Sequence[str]], str]]], list[AttentionFeatures]],
     *,
     shard_size: int = 25,
     progress: bool = True,
@@ -215,7 +215,8 @@ def fill_cache(
     """Compute and cache features for (id, docs-as-units, question) examples not cached yet (in a
     :class:`FeatureStore`: in none of its caches; new ones go to its :attr:`~FeatureStore.target`).
 
-    Returns the number of examples computed.
+    ``compute`` takes a shard's ``(docs, question)`` contexts at once (so their forward passes can be batched)
+    and returns their features in order. Returns the number of examples computed.
     """
     from tqdm.auto import tqdm
 
@@ -224,12 +225,12 @@ def fill_cache(
         cache = cache.target
     todo = [ex for ex in examples if ex[0] not in done]
     logger.info("%d of %d examples already cached for %s", len(examples) - len(todo), len(examples), cache.root)
-    pending: list[CachedExample] = []
-    for ex_id, docs, question in tqdm(todo, desc=desc, disable=not progress, mininterval=5.0):
-        pending.append(CachedExample(ex_id, compute(docs, question)))
-        if len(pending) >= shard_size:
-            cache.write_shard(pending)
-            pending = []
-    if pending:
-        cache.write_shard(pending)
+    with tqdm(total=len(todo), desc=desc, disable=not progress, mininterval=5.0) as bar:
+        for a in range(0, len(todo), shard_size):
+            part = todo[a : a + shard_size]
+            feats = compute([(docs, question) for _, docs, question in part])
+            if len(feats) != len(part):
+                raise RuntimeError(f"feature computation returned {len(feats)} results for {len(part)} contexts")
+            cache.write_shard([CachedExample(ex_id, f) for (ex_id, _, _), f in zip(part, feats, strict=True)])
+            bar.update(len(part))
     return len(todo)

@@ -21,7 +21,7 @@ from rag_opt.compressors.features import FeatureLayout
 from rag_opt.compressors.probe import ContextStage, Probe
 from rag_opt.errors import InvalidInputError
 from rag_opt.models.extract import AttentionFeatures
-from rag_opt.models.prompt import TEMPLATE_ID
+from rag_opt.models.prompt import TEMPLATE_ID, template_for
 from rag_opt.training.datasets import HotpotExample, read_hotpotqa
 from rag_opt.training.feature_cache import FeatureCache, FeatureStore, fill_cache
 from rag_opt.training.logistic import cross_val_scores, train_logistic
@@ -47,21 +47,25 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def feature_folder(root: str | Path, model_name: str) -> Path:
-    """The folder of one (model, prompt template)'s caches: features of another template never mix in."""
+def feature_folder(root: str | Path, model_name: str, template: str = TEMPLATE_ID) -> Path:
+    """The folder of one (model, prompt template)'s caches: features of another template (or encoding) never mix
+    in."""
     safe = model_name.replace(":", "-").replace("/", "-")
-    return Path(root) / safe / TEMPLATE_ID
+    return Path(root) / safe / template
 
 
-def feature_cache_for(root: str | Path, model_name: str, dataset: str) -> FeatureCache:
+def feature_cache_for(root: str | Path, model_name: str, dataset: str, template: str = TEMPLATE_ID) -> FeatureCache:
     """The cache of one (model, prompt template, dataset)."""
-    return FeatureCache(feature_folder(root, model_name) / dataset)
+    return FeatureCache(feature_folder(root, model_name, template) / dataset)
 
 
-def feature_store(root: str | Path, proxy: ProxyModel, dataset: str, layers: int | None = None) -> FeatureStore:
-    """The caches of ``dataset``'s features from ``proxy`` at its precision, for probes of ``layers`` layers."""
+def feature_store(
+    root: str | Path, proxy: ProxyModel, dataset: str, layers: int | None = None, encoding: str = "joint"
+) -> FeatureStore:
+    """The caches of ``dataset``'s features from ``proxy`` at its precision, for probes of ``layers`` layers,
+    read with ``encoding`` (``joint`` or ``parallel``: caches of their own)."""
     return FeatureStore(
-        feature_folder(root, proxy.name),
+        feature_folder(root, proxy.name, template_for(encoding)),
         dataset,
         str(proxy.dtype),
         layers or proxy.num_layers,
@@ -81,20 +85,25 @@ def extract_hotpot(
     max_tokens: int = 2048,
     progress: bool = True,
     cross: bool = False,
+    encoding: str = "joint",
 ) -> FeatureStore:
     """Compute (or reuse) attention features of the first ``layers`` layers (default all; the forward pass
     stops there) for HotpotQA examples at the proxy's precision ``dtype``, and return their store.
-    ``cross``: with cross-document attention (a store of its own, named ``<split>-cross``)."""
-    from rag_opt.models.extract import extract
+    ``cross``: with cross-document attention (a store of its own, named ``<split>-cross``). ``encoding``: how
+    the proxy reads the context (``parallel`` features live under their own template)."""
+    from rag_opt.models.extract import extract_batch
     from rag_opt.models.loader import load_proxy_model
 
     proxy = load_proxy_model(model, dtype=dtype)
     examples = read_hotpotqa(path, limit=limit, seed=seed)
-    store = feature_store(cache_root, proxy, Path(path).name.split(".")[0] + ("-cross" if cross else ""), layers)
+    base = Path(path).name.split(".")[0] + ("-cross" if cross else "")
+    store = feature_store(cache_root, proxy, base, layers, encoding)
     fill_cache(
         store,
         [(ex.id, hotpot_units(ex), ex.question) for ex in examples],
-        lambda docs, q: extract(proxy, docs, q, max_tokens=max_tokens, layers=store.layers, cross=cross),
+        lambda contexts: extract_batch(
+            proxy, contexts, max_tokens=max_tokens, layers=store.layers, cross=cross, encoding=encoding
+        ),
         progress=progress,
         desc=f"features {Path(path).name}",
     )
@@ -243,6 +252,7 @@ def train_probe_cli(
     context: tuple[str, ...] | None = DEFAULT_CONTEXT,
     nq_data: str | None = None,
     nq_limit: int = 0,
+    encoding: str = "joint",
 ) -> Probe:
     """Extract (or reuse cached) features, train the probe and write it as JSON.
 
@@ -253,15 +263,16 @@ def train_probe_cli(
     """
     import time
 
-    from rag_opt.compressors.features import DEFAULT_BLOCKS
+    from rag_opt.compressors.features import BASE_BLOCKS, DEFAULT_BLOCKS
     from rag_opt.models.loader import load_proxy_model
 
     proxy = load_proxy_model(model, dtype=dtype)
     depth = layers or proxy.num_layers
-    layout = FeatureLayout(blocks or DEFAULT_BLOCKS, depth, proxy.num_heads)
+    # cross-document attention needs the joint encoding: the parallel default reads the other blocks
+    layout = FeatureLayout(blocks or (DEFAULT_BLOCKS if encoding == "joint" else BASE_BLOCKS), depth, proxy.num_heads)
     cross = layout.needs_cross
     store = extract_hotpot(
-        data, cache_root, model=model, dtype=dtype, layers=depth, limit=limit, seed=seed, cross=cross
+        data, cache_root, model=model, dtype=dtype, layers=depth, limit=limit, seed=seed, cross=cross, encoding=encoding
     )
     examples = read_hotpotqa(data, limit=limit, seed=seed)
     tables: list[UnitTable] = []
@@ -275,8 +286,16 @@ def train_probe_cli(
         from rag_opt.training.nq_sentences import build_nq_training_set
 
         instances = random_positions(nq_records(nq_data, "train")[:nq_limit], 10, seed=seed)
-        nq_store = feature_store(cache_root, proxy, "nq-train-n10" + ("-cross" if cross else ""), depth)
-        extract_nq(instances, nq_store, proxy, layers=depth, desc="NQ train features, 10 documents", cross=cross)
+        nq_store = feature_store(cache_root, proxy, "nq-train-n10" + ("-cross" if cross else ""), depth, encoding)
+        extract_nq(
+            instances,
+            nq_store,
+            proxy,
+            layers=depth,
+            desc="NQ train features, 10 documents",
+            cross=cross,
+            encoding=encoding,
+        )
         Xn, yn, gn = build_nq_training_set(
             instances, nq_store.load(i.id for i in instances), layout, group_offset=int(groups.max()) + 1, tables=tables
         )
@@ -307,7 +326,8 @@ def train_probe_cli(
             "seed": seed,
             "l2": l2,
             "l2_heldout_logloss": {str(k): v for k, v in losses.items()},
-            "template": TEMPLATE_ID,
+            "template": template_for(encoding),
+            "encoding": encoding,
             "layers": depth,
             "precision": str(proxy.dtype).removeprefix("torch."),
             "context_stage": list(context or []),

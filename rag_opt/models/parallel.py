@@ -1,0 +1,304 @@
+"""Parallel document encoding: every document read on its own, then one question pass over their caches.
+
+The prompt is the joint one (``Documents:``, the documents separated by a blank line, ``Question: ...``,
+``Answer:``), read differently:
+
+* each document *block* (its text plus the separator after it) attends only to the shared prefix
+  ``Documents:\\n`` and to itself, at positions that restart right after the prefix for every block. A block's
+  key/value states therefore depend on nothing but its own tokens: they are computed once (a *document pass*,
+  an ordinary causal forward of ``prefix + block``) and can be cached by content
+  (:mod:`rag_opt.models.encoding_cache`);
+* the question and ``Answer:`` tokens attend to the prefix, to every block and causally to themselves, at
+  positions right after the longest block (the *question pass*, over the blocks' concatenated caches). The
+  attention rows rag-opt reads come from this pass (:mod:`rag_opt.models.capture`).
+
+Blocks are tokenized as they stand in the prompt (before the text that follows them): a block is tokenized
+with a fixed follower word after it and cut at its own end, so its token ids never depend on its neighbours
+(tokenized alone, ``"\\n\\n"`` at the end of a text becomes one token instead of two).
+
+Nothing here depends on the order of the documents: under parallel encoding a document's features are the same
+in every slot (the proxy has no position bias over documents to calibrate).
+
+A document longer than a block may be (``max_block_tokens``, and never past the model's positions) is split
+into consecutive blocks of whole units, each encoded on its own (a later piece does not read the earlier one);
+a single unit longer than that keeps its first ``max_block_tokens`` tokens (logged), the rest is not read.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rag_opt.errors import InvalidInputError
+from rag_opt.models.capture import Capture, CaptureItem, StopForward, capturing
+from rag_opt.models.prompt import ANSWER_SUFFIX, CONTEXT_PREFIX, DOC_SEPARATOR, QUESTION_PREFIX
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from rag_opt.models.loader import ProxyModel
+
+__all__ = [
+    "FOLLOWER",
+    "Block",
+    "ParallelPrompt",
+    "QuestionPass",
+    "block_tokens",
+    "parallel_prompt",
+    "question_mask",
+    "question_tokens",
+]
+
+logger = logging.getLogger(__name__)
+
+FOLLOWER = "Question"  # what a block is tokenized before (the first word of the text after the last document)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One document block: its token ids (the cache key's content) and the unit of each token (-1: none)."""
+
+    doc: int
+    ids: tuple[int, ...]
+    unit_of: tuple[int, ...]  # per token: the context-wide unit index, or -1 (separator)
+
+
+@dataclass(frozen=True)
+class ParallelPrompt:
+    """A context as parallel blocks, with the question-pass tokens and what the capture reads from them."""
+
+    prefix: tuple[int, ...]
+    blocks: list[Block]
+    question_ids: list[int]
+    q_rows: list[int]  # rows of the question's own tokens in ``question_ids``
+    n_units: int
+    n_docs: int
+
+    @property
+    def longest(self) -> int:
+        return max((len(b.ids) for b in self.blocks), default=0)
+
+    @property
+    def question_start(self) -> int:
+        """Position id of the first question-pass token: right after the longest block."""
+        return len(self.prefix) + self.longest
+
+
+def _cut(tokenizer: object, text: str, *, specials: bool) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids and offsets of ``text`` as it stands before :data:`FOLLOWER` (cut at the end of ``text``)."""
+    enc = tokenizer(text + FOLLOWER, return_offsets_mapping=True, add_special_tokens=specials)  # type: ignore[operator]
+    ids: list[int] = []
+    offsets: list[tuple[int, int]] = []
+    end = len(text)
+    for tok, (s, e) in zip(enc["input_ids"], enc["offset_mapping"], strict=True):
+        s, e = int(s), int(e)
+        if s >= end and e > s:
+            break
+        if e > end:  # a token crosses into the follower: tokenize the text alone instead
+            return _alone(tokenizer, text, specials=specials)
+        ids.append(int(tok))
+        offsets.append((s, e))
+    return ids, offsets
+
+
+def _alone(tokenizer: object, text: str, *, specials: bool) -> tuple[list[int], list[tuple[int, int]]]:
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=specials)  # type: ignore[operator]
+    return [int(t) for t in enc["input_ids"]], [(int(s), int(e)) for s, e in enc["offset_mapping"]]
+
+
+def block_tokens(tokenizer: object, units: Sequence[str], first_unit: int) -> tuple[list[int], list[int]]:
+    """Token ids of one block (``units`` verbatim, then the separator) and each token's unit (-1: none)."""
+    text = "".join(units) + DOC_SEPARATOR
+    ids, offsets = _cut(tokenizer, text, specials=False)
+    starts = np.cumsum([0] + [len(u) for u in units])
+    unit_of = []
+    for s, e in offsets:
+        last = e - 1
+        j = int(np.searchsorted(starts, last, side="right")) - 1
+        unit_of.append(first_unit + j if e > s and 0 <= j < len(units) else -1)
+    return ids, unit_of
+
+
+def question_tokens(tokenizer: object, question: str) -> tuple[list[int], list[int]]:
+    """Question-pass token ids (``Question: <q>`` and ``Answer:``) and the rows of the question's own tokens."""
+    text = QUESTION_PREFIX + question + ANSWER_SUFFIX
+    ids, offsets = _alone(tokenizer, text, specials=False)
+    qs, qe = len(QUESTION_PREFIX), len(QUESTION_PREFIX) + len(question)
+    rows = [i for i, (s, e) in enumerate(offsets) if e > s and qs <= e - 1 and s < qe]
+    return ids, rows
+
+
+def prefix_tokens(tokenizer: object) -> list[int]:
+    """The shared prefix ``Documents:\\n`` (with the tokenizer's special tokens, as the joint prompt begins)."""
+    ids, _ = _cut(tokenizer, CONTEXT_PREFIX, specials=True)
+    return ids
+
+
+def parallel_prompt(
+    tokenizer: object, docs: Sequence[Sequence[str]], question: str, *, max_block_tokens: int
+) -> ParallelPrompt:
+    """Blocks for ``docs`` (each a sequence of unit strings) and the question-pass tokens for ``question``.
+
+    A document whose block would exceed ``max_block_tokens`` is split into blocks of whole units.
+    """
+    if not question.strip():
+        raise InvalidInputError("question is empty")
+    if not any(len(u) for u in docs):
+        raise InvalidInputError("no context to score: every document is empty")
+    blocks: list[Block] = []
+    first = 0
+    for d, units in enumerate(docs):
+        if units:
+            blocks.extend(_doc_blocks(tokenizer, d, list(units), first, max_block_tokens))
+        first += len(units)
+    q_ids, q_rows = question_tokens(tokenizer, question)
+    return ParallelPrompt(tuple(prefix_tokens(tokenizer)), blocks, q_ids, q_rows, first, len(docs))
+
+
+def _doc_blocks(tokenizer: object, d: int, units: list[str], first: int, limit: int) -> list[Block]:
+    ids, unit_of = block_tokens(tokenizer, units, first)
+    if len(ids) <= limit:
+        return [Block(d, tuple(ids), tuple(unit_of))]
+    # too long: pieces of whole units, each a block of its own (the separator stays with the last piece)
+    out: list[Block] = []
+    a = 0
+    while a < len(units):
+        b = a + 1
+        piece_ids, piece_units = _piece(tokenizer, units, first, a, b)
+        while b < len(units):
+            nxt_ids, nxt_units = _piece(tokenizer, units, first, a, b + 1)
+            if len(nxt_ids) > limit:
+                break
+            piece_ids, piece_units, b = nxt_ids, nxt_units, b + 1
+        if len(piece_ids) > limit:
+            logger.warning(
+                "a unit of %d proxy tokens exceeds the block limit of %d: only its first %d tokens are read",
+                len(piece_ids),
+                limit,
+                limit,
+            )
+            piece_ids, piece_units = piece_ids[:limit], piece_units[:limit]
+        out.append(Block(d, tuple(piece_ids), tuple(piece_units)))
+        a = b
+    return out
+
+
+def _piece(tokenizer: object, units: list[str], first: int, a: int, b: int) -> tuple[list[int], list[int]]:
+    if b == len(units):
+        return block_tokens(tokenizer, units[a:b], first + a)
+    text = "".join(units[a:b])
+    ids, offsets = _cut(tokenizer, text, specials=False)
+    starts = np.cumsum([0] + [len(u) for u in units[a:b]])
+    unit_of = []
+    for s, e in offsets:
+        j = int(np.searchsorted(starts, e - 1, side="right")) - 1
+        unit_of.append(first + a + j if e > s and 0 <= j < b - a else -1)
+    return ids, unit_of
+
+
+@dataclass
+class QuestionPass:
+    """One batch row of a question pass: the cached keys/values it reads and what the capture reads."""
+
+    prompt: ParallelPrompt
+    states: torch.Tensor  # (2, layers, KVH, C, d): keys then values of the prefix, then of every block in order
+
+
+def question_mask(lengths: Sequence[int], question_lengths: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    """The 4D additive mask of a batched question pass: row ``b``'s question token ``i`` sees the row's ``C_b``
+    cached tokens and its own question tokens up to ``i``; padding (cache past ``C_b``, question past its
+    length) is masked. Padded query rows see the first key only (their output is never read)."""
+    import torch
+
+    c_max, q_max = max(lengths), max(question_lengths)
+    neg = torch.finfo(dtype).min
+    mask = torch.full((len(lengths), 1, q_max, c_max + q_max), neg, dtype=dtype)
+    causal = torch.tril(torch.ones(q_max, q_max, dtype=torch.bool))
+    for b, (c, q) in enumerate(zip(lengths, question_lengths, strict=True)):
+        mask[b, 0, :q, :c] = 0.0
+        block = mask[b, 0, :q, c_max : c_max + q]
+        block[causal[:q, :q]] = 0.0
+        mask[b, 0, q:, 0] = 0.0
+    return mask
+
+
+def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: int) -> Capture:
+    """One batched question pass over ``rows``' cached blocks, stopping after ``depth`` layers; returns the
+    capture (attention rows of every row's question tokens and final token over its context tokens).
+
+    The cached states reach the attention function through the capture (:attr:`Capture.past`), which puts them
+    before the pass's own keys and values; the pass's 4D additive mask and explicit position ids reach SDPA
+    unchanged. The caller holds ``proxy.lock``."""
+    import torch
+
+    dev = proxy.device
+    lengths = [int(r.states.shape[3]) for r in rows]
+    q_lens = [len(r.prompt.question_ids) for r in rows]
+    c_max, q_max = max(lengths), max(q_lens)
+    past = {
+        layer: (
+            torch.stack([_pad(r.states[0, layer], c_max) for r in rows]).to(dev),
+            torch.stack([_pad(r.states[1, layer], c_max) for r in rows]).to(dev),
+        )
+        for layer in range(depth)
+    }
+    pad = proxy.tokenizer.pad_token_id
+    pad = pad if pad is not None else proxy.tokenizer.eos_token_id or 0
+    ids = torch.tensor([r.prompt.question_ids + [pad] * (q_max - len(r.prompt.question_ids)) for r in rows])
+    positions = torch.stack([r.prompt.question_start + torch.arange(q_max) for r in rows])
+    mask = question_mask(lengths, q_lens, proxy.dtype)
+    items = []
+    for r in rows:
+        ctx_pos, unit_of = context_positions(r.prompt)
+        items.append(
+            CaptureItem(
+                ctx_pos=torch.tensor(ctx_pos, dtype=torch.long, device=dev),
+                unit_of_ctx=torch.tensor(unit_of, dtype=torch.long, device=dev),
+                n_units=r.prompt.n_units,
+                # rows of the pass's own queries: the question's tokens, then the final token
+                q_rows=torch.tensor([*r.prompt.q_rows, len(r.prompt.question_ids) - 1], dtype=torch.long, device=dev),
+                n_question_rows=len(r.prompt.q_rows),
+            )
+        )
+    capture = Capture(items=items, stop_after=depth - 1 if depth < proxy.num_layers else None, past=past)
+    base = getattr(proxy.model, "model", None) or proxy.model.base_model
+    with capturing(capture), torch.inference_mode():
+        if dev == "cpu":
+            proxy.threads.apply()
+        try:
+            base(input_ids=ids.to(dev), position_ids=positions.to(dev), attention_mask=mask.to(dev), use_cache=False)
+        except StopForward:
+            pass
+    if len(capture.sums) != depth:
+        raise RuntimeError(
+            f"captured attention from {len(capture.sums)} of {depth} layers: the proxy model's attention "
+            "does not dispatch through transformers' AttentionInterface"
+        )
+    return capture
+
+
+def context_positions(prompt: ParallelPrompt) -> tuple[list[int], list[int]]:
+    """Positions in the concatenated cache (prefix, then the blocks in order) of every token that belongs to a
+    unit, and that unit."""
+    ctx_pos: list[int] = []
+    unit_of: list[int] = []
+    pos = len(prompt.prefix)
+    for block in prompt.blocks:
+        for i, u in enumerate(block.unit_of):
+            if u >= 0:
+                ctx_pos.append(pos + i)
+                unit_of.append(u)
+        pos += len(block.ids)
+    return ctx_pos, unit_of
+
+
+def _pad(t: torch.Tensor, length: int) -> torch.Tensor:
+    import torch
+
+    if t.shape[1] == length:
+        return t
+    return torch.cat([t, t.new_zeros(t.shape[0], length - t.shape[1], t.shape[2])], dim=1)

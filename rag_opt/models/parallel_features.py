@@ -1,0 +1,139 @@
+"""Attention features under parallel encoding: cached (or freshly computed) document encodings, then question passes.
+
+For a batch of contexts: every context is cut into blocks (:func:`rag_opt.models.parallel.parallel_prompt`);
+blocks found in the :class:`~rag_opt.models.encoding_cache.EncodingCache` are reused, the others (each distinct
+block once, whatever context it comes from) go through batched document passes
+(:mod:`rag_opt.models.document_pass`) and into the cache; then question passes over the blocks' concatenated
+states read the attention rows, several contexts per pass (padded, with a 4D mask). The features have the same
+meaning as the joint encoding's (:class:`~rag_opt.models.extract.AttentionFeatures`), with ``windows == 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rag_opt.models.document_pass import encode_blocks
+from rag_opt.models.encoding_cache import EncodingCache, encoding_key
+from rag_opt.models.extract import AttentionFeatures
+from rag_opt.models.parallel import ParallelPrompt, QuestionPass, parallel_prompt, run_question_passes
+from rag_opt.models.prompt import PARALLEL_TEMPLATE_ID, VIEWS
+from rag_opt.work import check_proxy_tokens, checkpoint
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from rag_opt.models.loader import ProxyModel
+
+__all__ = ["QUESTION_BATCH_TOKENS", "extract_parallel"]
+
+QUESTION_BATCH_TOKENS = 65536  # cached tokens (padded) per question pass
+
+
+def extract_parallel(
+    proxy: ProxyModel,
+    contexts: Sequence[tuple[Sequence[Sequence[str]], str]],
+    *,
+    layers: int,
+    max_tokens: int,
+    cache: EncodingCache | None = None,
+    batch_tokens: int = 6144,
+) -> list[AttentionFeatures]:
+    """Features of the first ``layers`` layers for each ``(docs, question)`` context (see the module doc)."""
+    import torch
+
+    prompts: list[ParallelPrompt] = []
+    for docs, question in contexts:
+        limit = _block_limit(proxy, question, max_tokens)
+        prompt = parallel_prompt(proxy.tokenizer, docs, question, max_block_tokens=limit)
+        check_proxy_tokens(sum(len(b.ids) for b in prompt.blocks))  # before any forward pass (rag_opt.work)
+        prompts.append(prompt)
+    prefix = prompts[0].prefix
+    model, dtype = proxy.name, str(proxy.dtype).removeprefix("torch.")
+
+    def key(ids: Sequence[int], kind: str = "block") -> str:
+        return encoding_key(ids, model=model, dtype=dtype, depth=layers, template=PARALLEL_TEMPLATE_ID, kind=kind)
+
+    states: dict[str, torch.Tensor] = {}
+    hits = [0] * len(prompts)
+    misses = [0] * len(prompts)
+    todo: dict[str, tuple[int, ...]] = {}
+    for c, prompt in enumerate(prompts):
+        for block in prompt.blocks:
+            k = key(block.ids)
+            if k in states or k in todo:
+                hits[c] += k in states
+                misses[c] += k in todo
+                continue
+            found = cache.get(k) if cache is not None else None
+            if found is not None:
+                states[k] = found
+                hits[c] += 1
+            else:
+                todo[k] = block.ids
+                misses[c] += 1
+    prefix_key = key(prefix, "prefix")
+    prefix_states = cache.get(prefix_key) if cache is not None else None
+    if todo:
+        pre, computed = encode_blocks(proxy, prefix, list(todo.values()), layers, batch_tokens=batch_tokens)
+        prefix_states = pre if prefix_states is None else prefix_states
+        for k, s in zip(todo, computed, strict=True):
+            states[k] = s
+            if cache is not None:
+                cache.put(k, s)
+    if prefix_states is None:  # every block was cached, the prefix was not: its own pass
+        _, (prefix_states,) = encode_blocks(proxy, [], [prefix], layers, batch_tokens=batch_tokens)
+    if cache is not None and prefix_key not in cache:
+        cache.put(prefix_key, prefix_states)
+    rows = [
+        QuestionPass(p, torch.cat([prefix_states, *(states[key(b.ids)] for b in p.blocks)], dim=3)) for p in prompts
+    ]
+    out: list[AttentionFeatures | None] = [None] * len(rows)
+    order = sorted(range(len(rows)), key=lambda i: int(rows[i].states.shape[3]))
+    batch: list[int] = []
+    for i in [*order, -1]:
+        width = int(rows[i].states.shape[3]) if i >= 0 else 0
+        if batch and (i < 0 or width * (len(batch) + 1) > QUESTION_BATCH_TOKENS):
+            checkpoint()
+            with proxy.lock:
+                capture = run_question_passes(proxy, [rows[j] for j in batch], layers)
+            for b, j in enumerate(batch):
+                out[j] = _features(prompts[j], [capture.sums[layer][b] for layer in range(layers)])
+                out[j].cache_hits, out[j].cache_misses = hits[j], misses[j]  # type: ignore[union-attr]
+            batch = []
+        if i >= 0:
+            batch.append(i)
+    return [f for f in out if f is not None]
+
+
+def _block_limit(proxy: ProxyModel, question: str, max_tokens: int) -> int:
+    """The most tokens one block may have: the question pass's positions start after the longest block and
+    must stay within the model's positions (and within ``max_tokens``)."""
+    from rag_opt.models.parallel import prefix_tokens, question_tokens
+
+    q = len(question_tokens(proxy.tokenizer, question)[0])
+    room = min(max_tokens, proxy.max_positions) - len(prefix_tokens(proxy.tokenizer)) - q - 1
+    return max(room, 16)
+
+
+def _features(prompt: ParallelPrompt, per_layer: Sequence[torch.Tensor]) -> AttentionFeatures:
+    """AttentionFeatures from one context's captured sums (per layer: views × heads × units)."""
+    import torch
+
+    sums = torch.stack(list(per_layer)).permute(3, 1, 0, 2).cpu().numpy()  # (U, V, L, H)
+    unit_of = np.asarray([u for b in prompt.blocks for u in b.unit_of if u >= 0], dtype=np.int64)
+    counts = np.bincount(unit_of, minlength=prompt.n_units)
+    n_ctx = int(len(unit_of))
+    unit = np.zeros_like(sums, dtype=np.float32)
+    has = counts > 0
+    unit[has] = sums[has] / counts[has, None, None, None] * n_ctx
+    doc_of_unit = np.zeros(prompt.n_units, dtype=np.int64)
+    for b in prompt.blocks:
+        for u in b.unit_of:
+            if u >= 0:
+                doc_of_unit[u] = b.doc
+    doc_mass = np.zeros((prompt.n_docs, len(VIEWS), sums.shape[2], sums.shape[3]), dtype=np.float32)
+    np.add.at(doc_mass, doc_of_unit[has], sums[has])
+    return AttentionFeatures(unit, doc_mass, counts.astype(np.int64), n_ctx, 1, encoding="parallel")
