@@ -18,6 +18,8 @@ from rag_opt.compressors.base import Scorer, Scores
 from rag_opt.compressors.selection import SelectionOptions, select
 from rag_opt.errors import ConfigurationError, InvalidInputError
 from rag_opt.inputs import check_budget, check_documents, check_query, check_tier
+from rag_opt.models.encoding_cache import EncodingCache, resolve_cache
+from rag_opt.models.prompt import DEFAULT_ENCODING, template_for
 from rag_opt.models.threads import ThreadPolicy
 from rag_opt.orderers.base import Orderer, OrdererResources, make_orderer
 from rag_opt.orderers.stage import order_stage
@@ -79,6 +81,14 @@ class ContextOptimizer:
         threads: CPU threads per forward pass: ``"auto"`` (the cores free right now, see
             :class:`~rag_opt.models.threads.ThreadPolicy`), a number, or a policy. Applies to the loaded model,
             process-wide.
+        encoding: how the proxy reads the context: ``"parallel"`` (each document on its own, its encoding cached
+            by content, then a question pass over the cached documents: a request with cached documents costs
+            only its question) or ``"joint"`` (one causal pass over everything; its position profiles drive
+            calibration). Default: :data:`DEFAULT_ENCODING`.
+        cache: the document-encoding cache of parallel encoding: ``"auto"`` (in memory, 512 MiB), a size in
+            bytes, a folder (the default memory tier plus that disk tier, shared by processes), an
+            :class:`~rag_opt.models.encoding_cache.EncodingCache` (to share one between optimizers or with the
+            server), or None (off).
     """
 
     def __init__(
@@ -104,6 +114,8 @@ class ContextOptimizer:
         calibrate: bool = True,
         tier: Tier | str = "model",
         threads: ThreadPolicy | int | str = "auto",
+        encoding: str = DEFAULT_ENCODING,
+        cache: EncodingCache | int | str | None = "auto",
     ) -> None:
         self.budget = check_budget(ratio, target_tokens, threshold, budget) or Budget()
         self.ordering: OrderingName = check_ordering(ordering)
@@ -122,6 +134,9 @@ class ContextOptimizer:
         self.calibrate = calibrate
         self.tier: Tier = check_tier(tier)
         self.threads = threads if isinstance(threads, ThreadPolicy) else ThreadPolicy(threads)
+        template_for(encoding)  # refuses an unknown encoding
+        self.encoding = encoding
+        self.cache: EncodingCache | None = resolve_cache(cache) if encoding == "parallel" else None
         self._scorer: Scorer | None = scorer
         self._lexical: Scorer | None = None
         self._batcher: MicroBatcher | None = None
@@ -160,6 +175,8 @@ class ContextOptimizer:
                     trust_remote_code=self.trust_remote_code,
                     doc_probe=self.doc_probe,
                     profiles="auto" if self.calibrate else None,
+                    encoding=self.encoding,
+                    cache=self.cache,
                 )
                 self._scorer.proxy.threads = self.threads  # process-wide for this model (see ThreadPolicy)
             return self._scorer

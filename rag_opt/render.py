@@ -52,7 +52,16 @@ def render_result(
         tier=tier if scores is not None else "none",  # type: ignore[arg-type]
         timings=timings,
         warnings=warnings,
+        **_reading(scores),
     )
+
+
+def _reading(scores: Scores | None) -> dict[str, object]:
+    """How the proxy read the context, when a proxy pass ran (its encoding and cache use)."""
+    attn = scores.attention if scores is not None else None
+    if attn is None:
+        return {}
+    return {"encoding": attn.encoding, "cache_hits": attn.cache_hits, "cache_misses": attn.cache_misses}
 
 
 def _document(units: UnitTable, scores: Scores | None, selection: Selection, d: int) -> OutputDocument:

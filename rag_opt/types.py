@@ -252,6 +252,11 @@ class OptimizeResult(BaseModel):
     )
     timings: Timings = Field(default_factory=Timings)
     warnings: list[str] = Field(default_factory=list)
+    encoding: Literal["parallel", "joint"] | None = Field(
+        default=None, description="how the proxy read the context (None: no proxy pass ran)"
+    )
+    cache_hits: int = Field(default=0, description="parallel encoding: documents (blocks) read from the cache")
+    cache_misses: int = Field(default=0, description="parallel encoding: documents (blocks) encoded by this call")
 
     @property
     def ratio(self) -> float:

@@ -134,15 +134,23 @@ class Probe:
         """:meth:`unit_logits` as probabilities."""
         return sigmoid(self.unit_logits(features, units))
 
-    def check_compatible(self, model: str, num_layers: int, num_heads: int) -> None:
-        """Refuse a probe of another prompt template, model or head count. A probe may use fewer layers than
-        the model has: it reads the first ``layout.num_layers`` (early exit stops the forward pass there)."""
-        from rag_opt.models.prompt import TEMPLATE_ID
+    def check_compatible(self, model: str, num_layers: int, num_heads: int, template: str | None = None) -> None:
+        """Refuse a probe of another prompt template (``template``: the one the scorer reads with; default the
+        joint encoding's), model or head count. A probe may use fewer layers than the model has: it reads the
+        first ``layout.num_layers`` (early exit stops the forward pass there)."""
+        from rag_opt.models.prompt import PARALLEL_TEMPLATE_ID, TEMPLATE_ID
 
-        template = self.metadata.get("template")
-        if template is not None and template != TEMPLATE_ID:
+        expected = template or TEMPLATE_ID
+        made_with = self.metadata.get("template")
+        if made_with is not None and made_with != expected:
+            encodings = {TEMPLATE_ID: "joint", PARALLEL_TEMPLATE_ID: "parallel"}
+            hint = (
+                f" (the {encodings[made_with]} encoding's: use encoding={encodings[made_with]!r})"
+                if made_with in encodings
+                else ""
+            )
             raise ProbeMismatchError(
-                f"probe was trained with prompt template {template!r}, rag-opt now renders {TEMPLATE_ID!r}: "
+                f"probe was trained with prompt template {made_with!r}{hint}, this scorer reads with {expected!r}: "
                 "retrain it with `rag-opt train-probe`"
             )
         if self.layout.num_layers > num_layers or self.layout.num_heads != num_heads:
@@ -224,12 +232,15 @@ def sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.clip(z, -60, 60)))
 
 
-def shipped_probe(model: str, level: str = "unit") -> Probe | None:
-    """The probe shipped inside the package for ``model`` (e.g. ``embedded:smollm2-135m``), if any.
+def shipped_probe(model: str, level: str = "unit", encoding: str = "joint") -> Probe | None:
+    """The probe shipped inside the package for ``model`` (e.g. ``embedded:smollm2-135m``) and ``encoding``, if any.
 
-    ``level="unit"``: the sentence-relevance probe; ``level="document"``: the document relevance probe.
+    ``level="unit"``: the sentence-relevance probe; ``level="document"``: the document relevance probe. Probes of
+    the parallel encoding are named ``<model>.parallel.json`` / ``<model>.parallel.doc.json``.
     """
     suffix = {"unit": ".json", "document": ".doc.json"}[level]
+    if encoding == "parallel":
+        suffix = ".parallel" + suffix
     name = model.replace(":", "-").replace("/", "-") + suffix
     res = resources.files("rag_opt") / "probes" / name
     if not res.is_file():

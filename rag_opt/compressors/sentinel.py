@@ -11,7 +11,13 @@ the embedded default at 10, 20 and 30 documents; ``rag-opt calibrate`` builds ot
 probe's probability over position-calibrated per-head attention (:mod:`rag_opt.compressors.doc_relevance`) and
 ``Scores.calibrated`` is true. Otherwise it is the best unit score of the document.
 
-``passes=2`` (opt-in, twice the cost) reads the context a second time with the documents in reverse order and
+``encoding`` chooses how the proxy reads the context: ``"parallel"`` (each document on its own, its encoding
+cached by content, then one question pass: :mod:`rag_opt.models.parallel`) or ``"joint"`` (one causal pass over
+the whole prompt). Each has its own probes and feature caches; under parallel encoding a document reads the same
+in every slot, so there is no position bias to calibrate and document relevance comes from a document probe
+without calibration blocks (or the best unit score).
+
+``passes=2`` (opt-in, twice the cost; joint encoding only) reads the context a second time with the documents in reverse order and
 averages both readings (:mod:`rag_opt.compressors.document_orders`): documents the first slots' attention sink
 hides get a second reading from the end of the context.
 """
@@ -31,9 +37,11 @@ from rag_opt.compressors.features import SENTENCE_BLOCKS, build_features
 from rag_opt.compressors.probe import Probe, shipped_probe, sigmoid
 from rag_opt.errors import InvalidInputError, ProbeMismatchError
 from rag_opt.models.extract import AttentionFeatures, extract, extract_batch
+from rag_opt.models.prompt import template_for
 from rag_opt.orderers.profiles import PositionProfile, ProfileStore
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.models.encoding_cache import EncodingCache
     from rag_opt.models.loader import ProxyModel
     from rag_opt.text.units import UnitTable
 
@@ -59,6 +67,10 @@ class SentinelCompressor:
             (document relevance = best unit score).
         profiles: where calibration profiles come from: ``"auto"`` (:class:`ProfileStore` default location, then
             the profiles shipped with rag-opt), a store, or None (never calibrate).
+        passes: 2 (joint encoding only) adds a second reading in reverse document order.
+        encoding: ``"joint"`` or ``"parallel"`` (see the module doc).
+        cache: the :class:`~rag_opt.models.encoding_cache.EncodingCache` of parallel document encodings (None:
+            every call encodes its documents anew).
     """
 
     def __init__(
@@ -70,22 +82,32 @@ class SentinelCompressor:
         doc_probe: Probe | None | str = "auto",
         profiles: ProfileStore | None | str = "auto",
         passes: int = 1,
+        encoding: str = "joint",
+        cache: EncodingCache | None = None,
     ) -> None:
         if passes not in (1, 2):
             raise InvalidInputError(
                 f"passes must be 1 or 2 (2: a second reading in reverse document order), got {passes!r}"
             )
+        self.template = template_for(encoding)
+        if passes == 2 and encoding != "joint":
+            raise InvalidInputError(
+                "passes=2 needs encoding='joint': under parallel encoding every document reads the same in every "
+                "slot, so a second reading in another order changes nothing"
+            )
         self.proxy = proxy
         self.max_tokens = max_tokens
         self.passes = passes
-        self.probe: Probe | None = _resolve_probe(probe, proxy, "unit")
+        self.encoding = encoding
+        self.cache = cache
+        self.probe: Probe | None = _resolve_probe(probe, proxy, "unit", encoding)
         if self.probe is None and probe == "auto":
             logger.warning(
                 "no probe is shipped for proxy model %s: scoring with raw attention (weaker); train one "
                 "with `rag-opt train-probe`",
                 proxy.name,
             )
-        self.doc_probe: Probe | None = _resolve_probe(doc_probe, proxy, "document")
+        self.doc_probe: Probe | None = _resolve_probe(doc_probe, proxy, "document", encoding)
         if self.doc_probe is not None and self.probe is None and SENTENCE_BLOCKS & set(self.doc_probe.layout.blocks):
             if doc_probe != "auto":
                 raise ProbeMismatchError(
@@ -115,11 +137,23 @@ class SentinelCompressor:
         doc_probe: Probe | None | str = "auto",
         profiles: ProfileStore | None | str = "auto",
         passes: int = 1,
+        encoding: str = "joint",
+        cache: EncodingCache | None = None,
     ) -> SentinelCompressor:
         from rag_opt.models.loader import load_proxy_model
 
+        template_for(encoding)  # an unknown encoding is refused before the model loads
         proxy = load_proxy_model(model, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
-        return cls(proxy, probe, max_tokens=max_tokens, doc_probe=doc_probe, profiles=profiles, passes=passes)
+        return cls(
+            proxy,
+            probe,
+            max_tokens=max_tokens,
+            doc_probe=doc_probe,
+            profiles=profiles,
+            passes=passes,
+            encoding=encoding,
+            cache=cache,
+        )
 
     @property
     def method(self) -> str:
@@ -151,7 +185,14 @@ class SentinelCompressor:
             return self.score_batch([question], [units], documents=documents)[0]
         depth = self.layers(documents)
         attn = extract(
-            self.proxy, units.by_document(), question, max_tokens=self.max_tokens, layers=depth, cross=self.cross
+            self.proxy,
+            units.by_document(),
+            question,
+            max_tokens=self.max_tokens,
+            layers=depth,
+            cross=self.cross,
+            encoding=self.encoding,
+            cache=self.cache,
         )
         return self._scores(attn, question, units, documents)
 
@@ -168,7 +209,13 @@ class SentinelCompressor:
             readings += [(q, t) for q, t, _ in second]
         contexts = [(t.by_document(), q) for q, t in readings]
         feats = extract_batch(
-            self.proxy, contexts, max_tokens=self.max_tokens, layers=self.layers(documents), cross=self.cross
+            self.proxy,
+            contexts,
+            max_tokens=self.max_tokens,
+            layers=self.layers(documents),
+            cross=self.cross,
+            encoding=self.encoding,
+            cache=self.cache,
         )
         scores = [self._scores(a, q, t, documents) for a, (q, t) in zip(feats, readings, strict=True)]
         if not second:
@@ -189,7 +236,12 @@ class SentinelCompressor:
         unit = np.asarray(unit_scores, dtype=np.float64)
         doc_raw = units.doc_best(unit)
         doc, calibrated, note = doc_raw, False, None
-        if documents and self.doc_probe is not None and self.profiles is not None:
+        if documents and self.doc_probe is not None and self.encoding == "parallel":
+            # every slot reads alike: nothing to calibrate, the document probe reads uncalibrated shares
+            doc = document_relevance(
+                self.doc_probe, attn, question, docs, None, units.language, best_sentence=best_logit
+            )
+        elif documents and self.doc_probe is not None and self.profiles is not None:
             n_docs = units.n_docs
             profile = self.profile(n_docs)
             if attn.windows > 1:
@@ -220,7 +272,9 @@ class SentinelCompressor:
 
     def profile(self, n_docs: int) -> PositionProfile | None:
         """The calibration profile of this proxy for ``n_docs`` documents, if any (parsed once per file)."""
-        return self.profiles.get(self.proxy.name, n_docs) if self.profiles is not None else None
+        if self.profiles is None or self.encoding != "joint":
+            return None  # profiles are measured jointly; parallel encoding has no position bias to calibrate
+        return self.profiles.get(self.proxy.name, n_docs)
 
 
 def _merge(first: Scores, second: Scores, rows: np.ndarray) -> Scores:
@@ -245,17 +299,18 @@ def _merge(first: Scores, second: Scores, rows: np.ndarray) -> Scores:
     )
 
 
-def _resolve_probe(spec: Probe | None | str, proxy: ProxyModel, level: str) -> Probe | None:
-    """A probe from ``"auto"`` (shipped for the model), a path, a :class:`Probe` or None, checked against the
-    proxy model and the expected level (``unit``: sentences, ``document``: documents)."""
+def _resolve_probe(spec: Probe | None | str, proxy: ProxyModel, level: str, encoding: str) -> Probe | None:
+    """A probe from ``"auto"`` (shipped for the model and encoding), a path, a :class:`Probe` or None, checked
+    against the proxy model, the encoding's template and the expected level (``unit``: sentences, ``document``:
+    documents)."""
     if spec == "auto":
-        probe = shipped_probe(proxy.name, level)
+        probe = shipped_probe(proxy.name, level, encoding)
     elif isinstance(spec, str):
         probe = Probe.load(spec)
     else:
         probe = spec
     if probe is not None:
-        probe.check_compatible(proxy.name, proxy.num_layers, proxy.num_heads)
+        probe.check_compatible(proxy.name, proxy.num_layers, proxy.num_heads, template_for(encoding))
         if probe.layout.level != level:
             other = {"unit": "sentence", "document": "document"}
             raise ProbeMismatchError(

@@ -1,0 +1,184 @@
+"""Parallel encoding on the real embedded model: one masked pass equals the cached path; documents are independent."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.helpers import hotpot_dev
+
+pytestmark = pytest.mark.model
+
+
+def _docs(ex: dict, n: int) -> list[list[str]]:
+    return [[f"{t}\n", *s] for t, s in ex["context"][:n]]
+
+
+def _masked_single_pass(proxy, docs, question, depth):
+    """The reference: the whole parallel prompt in ONE forward pass, with a 4D block mask and restarted position
+    ids (no cache involved), read through the same capture."""
+    import torch
+
+    from rag_opt.models.capture import Capture, CaptureItem, StopForward, capturing
+    from rag_opt.models.parallel import context_positions, parallel_prompt
+
+    prompt = parallel_prompt(proxy.tokenizer, docs, question, max_block_tokens=4096)
+    p = len(prompt.prefix)
+    ids = list(prompt.prefix)
+    pos = list(range(p))
+    spans = []
+    for b in prompt.blocks:
+        spans.append((len(ids), len(ids) + len(b.ids)))
+        ids += b.ids
+        pos += range(p, p + len(b.ids))
+    c = len(ids)
+    ids += prompt.question_ids
+    pos += range(prompt.question_start, prompt.question_start + len(prompt.question_ids))
+    t = len(ids)
+    allow = torch.zeros(t, t, dtype=torch.bool)
+    allow[:p, :p] = torch.tril(torch.ones(p, p, dtype=torch.bool))
+    for a, e in spans:
+        allow[a:e, :p] = True
+        allow[a:e, a:e] = torch.tril(torch.ones(e - a, e - a, dtype=torch.bool))
+    allow[c:, :c] = True
+    allow[c:, c:] = torch.tril(torch.ones(t - c, t - c, dtype=torch.bool))
+    mask = torch.where(allow, 0.0, torch.finfo(torch.float32).min)[None, None]
+    ctx_pos, unit_of = context_positions(prompt)
+    item = CaptureItem(
+        ctx_pos=torch.tensor(ctx_pos),
+        unit_of_ctx=torch.tensor(unit_of),
+        n_units=prompt.n_units,
+        q_rows=torch.tensor([c + i for i in prompt.q_rows] + [t - 1]),
+        n_question_rows=len(prompt.q_rows),
+    )
+    capture = Capture(items=[item], stop_after=depth - 1)
+    with capturing(capture), torch.inference_mode():
+        try:
+            proxy.model.model(
+                input_ids=torch.tensor([ids]), position_ids=torch.tensor([pos]), attention_mask=mask, use_cache=False
+            )
+        except StopForward:
+            pass
+    sums = torch.stack([capture.sums[layer][0] for layer in range(depth)]).permute(3, 1, 0, 2).numpy()
+    counts = np.bincount(np.asarray(unit_of), minlength=prompt.n_units)
+    return sums / np.maximum(counts, 1)[:, None, None, None] * len(ctx_pos)
+
+
+def test_cached_path_equals_one_masked_pass(proxy):
+    from rag_opt.models.encoding_cache import EncodingCache
+    from rag_opt.models.extract import extract
+
+    ex = hotpot_dev(1)[0]
+    docs = _docs(ex, 4)
+    ref = _masked_single_pass(proxy, docs, ex["question"], depth=6)
+    cache = EncodingCache()
+    cold = extract(proxy, docs, ex["question"], layers=6, encoding="parallel", cache=cache)
+    warm = extract(proxy, docs, ex["question"], layers=6, encoding="parallel", cache=cache)
+    assert (cold.cache_hits, cold.cache_misses) == (0, 4)
+    assert (warm.cache_hits, warm.cache_misses) == (4, 0)
+    assert cold.encoding == "parallel" and cold.windows == 1
+    np.testing.assert_allclose(cold.unit, ref, rtol=1e-3, atol=1e-4)
+    np.testing.assert_array_equal(warm.unit, cold.unit)  # the cached encodings are the computed ones
+    np.testing.assert_allclose(cold.doc_mass.sum(0), 1.0, atol=1e-4)
+
+
+def test_a_document_encoding_does_not_depend_on_its_neighbours(proxy):
+    """The states a block is cached with are the same alone or among other documents, in any slot (the question
+    pass, which reads all of them, is what differs between contexts)."""
+    a, b = hotpot_dev(2)
+    docs = _docs(a, 5)
+    question = a["question"]
+    others = [*_docs(b, 3), docs[0], *docs[1:3]]  # docs[0] in slot 4 among other paragraphs
+    from rag_opt.models.document_pass import encode_blocks
+    from rag_opt.models.parallel import parallel_prompt
+
+    p1 = parallel_prompt(proxy.tokenizer, docs[:1], question, max_block_tokens=4096)
+    p2 = parallel_prompt(proxy.tokenizer, others, "another question?", max_block_tokens=4096)
+    assert p1.blocks[0].ids == p2.blocks[3].ids
+    _, s1 = encode_blocks(proxy, p1.prefix, [p1.blocks[0].ids], 3)
+    _, s2 = encode_blocks(proxy, p2.prefix, [b.ids for b in p2.blocks], 3)  # batched with the others, padded
+    np.testing.assert_allclose(s1[0].numpy(), s2[3].numpy(), rtol=1e-4, atol=1e-5)
+    joint_alone = _joint_states(proxy, p1.prefix, p1.blocks[0].ids)
+    np.testing.assert_allclose(s1[0].numpy(), joint_alone, rtol=1e-4, atol=1e-5)
+
+
+def _joint_states(proxy, prefix, ids):
+    """Key/value states of ``prefix + ids`` from transformers' own cache (no rag-opt capture)."""
+    import torch
+
+    with torch.inference_mode():
+        out = proxy.model.model(input_ids=torch.tensor([[*prefix, *ids]]), use_cache=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    p = len(prefix)
+    layers = [cache.layers[i] for i in range(3)]
+    keys = torch.stack([layer.keys[0, :, p:] for layer in layers])
+    values = torch.stack([layer.values[0, :, p:] for layer in layers])
+    return torch.stack([keys, values]).numpy()
+
+
+def test_reordering_documents_changes_no_feature(proxy):
+    """No position bias over documents: reversed input, the same features per document."""
+    from rag_opt.models.extract import extract
+
+    ex = hotpot_dev(1)[0]
+    docs = _docs(ex, 5)
+    fwd = extract(proxy, docs, ex["question"], layers=4, encoding="parallel")
+    rev = extract(proxy, docs[::-1], ex["question"], layers=4, encoding="parallel")
+    starts = np.cumsum([0] + [len(d) for d in docs])
+    rstarts = np.cumsum([0] + [len(d) for d in docs[::-1]])
+    for d in range(len(docs)):
+        r = len(docs) - 1 - d
+        np.testing.assert_allclose(
+            fwd.unit[starts[d] : starts[d + 1]], rev.unit[rstarts[r] : rstarts[r + 1]], rtol=1e-3, atol=1e-4
+        )
+        np.testing.assert_allclose(fwd.doc_mass[d], rev.doc_mass[r], rtol=1e-3, atol=1e-5)
+
+
+def test_block_tokens_are_those_of_the_prompt(proxy):
+    """A block is tokenized as it stands before the following text, not as a text of its own."""
+    from rag_opt.models.parallel import block_tokens
+
+    units = ["Paris is the capital of France."]
+    ids, unit_of = block_tokens(proxy.tokenizer, units, 0)
+    joint = proxy.tokenizer(units[0] + "\n\nQuestion", add_special_tokens=False)["input_ids"]
+    assert list(joint[: len(ids)]) == ids
+    assert unit_of.count(-1) >= 1 and set(unit_of) == {0, -1}  # the separator belongs to no unit
+
+
+def test_a_document_longer_than_a_block_is_split_into_blocks_of_whole_units(proxy):
+    from rag_opt.models.extract import extract
+    from rag_opt.models.parallel import parallel_prompt
+
+    ex = hotpot_dev(1)[0]
+    doc = [s for _, sents in ex["context"][:4] for s in sents]  # one long document
+    prompt = parallel_prompt(proxy.tokenizer, [doc], ex["question"], max_block_tokens=64)
+    assert len(prompt.blocks) > 1
+    seen = [u for b in prompt.blocks for u in dict.fromkeys(x for x in b.unit_of if x >= 0)]
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)  # every unit in one block only, in order
+    assert set(seen) == set(range(len(doc)))
+    feats = extract(proxy, [doc], ex["question"], layers=2, encoding="parallel", max_tokens=200)
+    assert feats.windows == 1 and (feats.unit_tokens > 0).all()
+
+
+def test_cross_document_rows_need_the_joint_encoding(proxy):
+    from rag_opt.errors import InvalidInputError
+    from rag_opt.models.extract import extract
+
+    with pytest.raises(InvalidInputError, match="joint encoding"):
+        extract(proxy, [["A sentence."]], "q?", layers=2, cross=True, encoding="parallel")
+    with pytest.raises(InvalidInputError, match="unknown encoding"):
+        extract(proxy, [["A sentence."]], "q?", layers=2, encoding="sideways")
+
+
+def test_question_mask_masks_padding():
+    import torch
+
+    from rag_opt.models.parallel import question_mask
+
+    m = question_mask([3, 5], [2, 1], torch.float32)
+    assert m.shape == (2, 1, 2, 7)
+    allowed = m == 0
+    assert allowed[0, 0, 0].tolist() == [True, True, True, False, False, True, False]
+    assert allowed[0, 0, 1].tolist() == [True, True, True, False, False, True, True]
+    assert allowed[1, 0, 0].tolist() == [True] * 5 + [True, False]
+    assert allowed[1, 0, 1].tolist() == [True] + [False] * 6  # a padded query row sees one key (never read)
