@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rag_opt.types import OptimizeResult, OrderingName, OutputDocument, Timings, Unit
 
@@ -56,7 +56,7 @@ def render_result(
     )
 
 
-def _reading(scores: Scores | None) -> dict[str, object]:
+def _reading(scores: Scores | None) -> dict[str, Any]:
     """How the proxy read the context, when a proxy pass ran (its encoding and cache use)."""
     attn = scores.attention if scores is not None else None
     if attn is None:
