@@ -18,8 +18,8 @@ in every slot, so there is no position bias to calibrate and document relevance 
 without calibration blocks (or the best unit score).
 
 ``passes=2`` (opt-in, twice the cost; joint encoding only) reads the context a second time with the documents in
-reverse order and averages both readings (:mod:`rag_opt.compressors.document_orders`): documents the first slots' attention sink
-hides get a second reading from the end of the context.
+reverse order and averages both readings (:mod:`rag_opt.compressors.document_orders`): documents the first slots'
+attention sink hides get a second reading from the end of the context.
 """
 
 from __future__ import annotations
