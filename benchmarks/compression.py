@@ -175,7 +175,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ratios = [float(Fraction(r)) for r in args.ratios.split(",")]
     hotpot = read_hotpotqa(data_dir() / "hotpotqa" / "dev.jsonl.gz", seed=0, limit=args.hotpot)
     squad = squad_examples(args.squad) if args.squad else []
-    sentinel = SentinelCompressor.from_model(args.model, probe=args.probe)
+    sentinel = SentinelCompressor.from_model(
+        args.model, probe=args.probe, doc_probe=args.doc_probe, encoding=args.encoding, dtype=args.dtype
+    )
     probe_memo = MemoScorer(ContextSpy(sentinel))
     methods: dict[str, MemoScorer] = {
         "rag-opt probe" if sentinel.probe is not None else "rag-opt (no probe: raw attention)": probe_memo,
@@ -185,7 +187,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "lead": MemoScorer(LeadScorer()),
         "random": MemoScorer(RandomScorer(seed=0)),
     }
-    results: dict[str, Any] = {"ratios": ratios, "hotpot_questions": len(hotpot), "squad_questions": len(squad)}
+    results: dict[str, Any] = {
+        "ratios": ratios,
+        "hotpot_questions": len(hotpot),
+        "squad_questions": len(squad),
+        "encoding": args.encoding,
+        "probe": str(args.probe),
+    }
+    if args.only_probe:  # the probe and BM25 only (comparing probes or encodings)
+        methods = {k: v for k, v in methods.items() if k.startswith(("rag-opt", "BM25"))}
     table: dict[str, dict[str, Any]] = {}
     latency: dict[str, list[float]] = {"rag-opt": [], "bare forward": []}
     from tqdm.auto import tqdm
@@ -297,6 +307,10 @@ def main() -> None:
     ap.add_argument("--ratios", default="1/2,1/3,1/5")
     ap.add_argument("--model", default=None)
     ap.add_argument("--probe", default="auto")
+    ap.add_argument("--doc-probe", default="auto")
+    ap.add_argument("--encoding", default="joint", choices=("joint", "parallel"))
+    ap.add_argument("--dtype", default=None, help="proxy precision (default: the library's for this machine)")
+    ap.add_argument("--only-probe", action="store_true", help="run the probe and BM25 only")
     ap.add_argument("--out", default=str(RESULTS / "compression"))
     ap.add_argument("--report-only", action="store_true", help="re-print and re-plot the saved results")
     args = ap.parse_args()

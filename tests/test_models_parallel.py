@@ -170,15 +170,37 @@ def test_cross_document_rows_need_the_joint_encoding(proxy):
         extract(proxy, [["A sentence."]], "q?", layers=2, encoding="sideways")
 
 
-def test_question_mask_masks_padding():
+def test_question_mask_masks_padding_and_other_questions():
     import torch
 
     from rag_opt.models.parallel import question_mask
 
-    m = question_mask([3, 5], [2, 1], torch.float32)
+    m = question_mask([3, 5], [[2], [1]], torch.float32)
     assert m.shape == (2, 1, 2, 7)
     allowed = m == 0
     assert allowed[0, 0, 0].tolist() == [True, True, True, False, False, True, False]
     assert allowed[0, 0, 1].tolist() == [True, True, True, False, False, True, True]
     assert allowed[1, 0, 0].tolist() == [True] * 5 + [True, False]
     assert allowed[1, 0, 1].tolist() == [True] + [False] * 6  # a padded query row sees one key (never read)
+    packed = question_mask([2], [[1, 2]], torch.float32) == 0  # two questions over the same cached documents
+    assert packed[0, 0].tolist() == [
+        [True, True, True, False, False],
+        [True, True, False, True, False],
+        [True, True, False, True, True],
+    ]
+
+
+def test_questions_over_the_same_documents_are_packed_and_equal_single_calls(proxy):
+    from rag_opt.models.encoding_cache import EncodingCache
+    from rag_opt.models.extract import extract, extract_batch
+
+    a, b, c = hotpot_dev(3)
+    docs = _docs(a, 3)
+    other = _docs(c, 2)
+    cache = EncodingCache()
+    contexts = [(docs, a["question"]), (docs, b["question"]), (other, c["question"]), (docs, c["question"])]
+    batched = extract_batch(proxy, contexts, layers=4, encoding="parallel", cache=cache)
+    for (d, q), got in zip(contexts, batched, strict=True):
+        alone = extract(proxy, d, q, layers=4, encoding="parallel", cache=cache)
+        np.testing.assert_allclose(got.unit, alone.unit, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(got.doc_mass, alone.doc_mass, rtol=1e-4, atol=1e-6)

@@ -44,6 +44,7 @@ class CaptureItem:
     sources: torch.Tensor | None = None  # (S,) token positions
     source_bias: torch.Tensor | None = None  # (S, C)
     source_weight: torch.Tensor | None = None  # (S, C)
+    row: int | None = None  # the batch row it reads (None: its own index in the capture's items)
 
 
 @dataclass
@@ -104,10 +105,34 @@ def _rows_attention(
         layer = _record(capture, module, query, key, scaling)
         if capture.stop_after is not None and layer >= capture.stop_after:
             raise StopForward
+        if capture.past is not None:
+            return _grouped_sdpa(query, key, value, attention_mask, scaling), None
     out: tuple[torch.Tensor, None] = sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
     )
     return out
+
+
+def _grouped_sdpa(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scaling: float | None
+) -> torch.Tensor:
+    """SDPA for grouped-query attention without repeating the key/value heads: the query heads that share a
+    key/value head are stacked along the sequence axis (a question pass reads long cached keys with few queries,
+    where repeating the keys would cost more than the attention itself). Returns ``(B, T, H, d)`` like
+    transformers' SDPA function."""
+    import torch
+
+    b, h, t, d = query.shape
+    kvh = key.shape[1]
+    g = h // kvh
+    q = query.reshape(b, kvh, g * t, d)  # head k*g + j reads key/value head k (transformers' repeat_kv order)
+    if mask is not None and g > 1:
+        mask = mask[:, :, None].expand(mask.shape[0], mask.shape[1], g, t, mask.shape[-1])
+        mask = mask.reshape(mask.shape[0], mask.shape[1], g * t, mask.shape[-1])
+    if mask is not None:
+        mask = mask[..., : key.shape[2]]
+    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(b, h, t, d).transpose(1, 2).contiguous()
 
 
 def _record(capture: Capture, module: Any, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> int:
@@ -119,17 +144,21 @@ def _record(capture: Capture, module: Any, query: torch.Tensor, key: torch.Tenso
     scale = scaling if scaling is not None else head_dim**-0.5
     per_item = []
     cross: list[torch.Tensor | None] = []
-    for b, item in enumerate(capture.items):
+    for i, item in enumerate(capture.items):
+        b = i if item.row is None else item.row
         q = query[b].index_select(1, item.q_rows).float()  # (H, R, d)
         k = key[b].index_select(1, item.ctx_pos).float()  # (KVH, C, d)
-        if k.shape[0] != n_heads:
-            k = k.repeat_interleave(n_heads // k.shape[0], dim=0)
-        probs = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * scale, dim=-1)  # (H, R, C)
+        kvh, rows = k.shape[0], q.shape[1]
+        # grouped: the query heads that share a key/value head read it together (no repeated keys)
+        logits = torch.matmul(q.reshape(kvh, (n_heads // kvh) * rows, -1), k.transpose(-1, -2))
+        probs = torch.softmax(logits.reshape(n_heads, rows, -1) * scale, dim=-1)  # (H, R, C)
         nq = item.n_question_rows
         views = torch.stack([probs[:, -1, :], probs[:, :nq, :].mean(dim=1) if nq else probs[:, -1, :]])  # (V,H,C)
         sums = torch.zeros(views.shape[0], n_heads, item.n_units, dtype=torch.float32, device=views.device)
         sums.index_add_(2, item.unit_of_ctx, views)
         per_item.append(sums)
+        if item.sources is not None and k.shape[0] != n_heads:
+            k = k.repeat_interleave(n_heads // k.shape[0], dim=0)
         cross.append(_cross_rows(item, query[b], k, scale) if item.sources is not None else None)
     layer = int(getattr(module, "layer_idx", len(capture.sums)))
     capture.sums[layer] = per_item

@@ -205,66 +205,97 @@ class QuestionPass:
     """One batch row of a question pass: the cached keys/values it reads and what the capture reads."""
 
     prompt: ParallelPrompt
-    states: torch.Tensor  # (2, layers, KVH, C, d): keys then values of the prefix, then of every block in order
+    parts: list[torch.Tensor]  # each (2, layers, KVH, n, d): keys then values of the prefix, then of each block
+
+    @property
+    def length(self) -> int:
+        return sum(int(p.shape[3]) for p in self.parts)
 
 
-def question_mask(lengths: Sequence[int], question_lengths: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """The 4D additive mask of a batched question pass: row ``b``'s question token ``i`` sees the row's ``C_b``
-    cached tokens and its own question tokens up to ``i``; padding (cache past ``C_b``, question past its
-    length) is masked. Padded query rows see the first key only (their output is never read)."""
+def question_mask(lengths: Sequence[int], questions: Sequence[Sequence[int]], dtype: torch.dtype) -> torch.Tensor:
+    """The 4D additive mask of a batched question pass. Batch row ``b`` holds ``C_b`` cached tokens (padded to the
+    longest) and, packed one after the other, the questions of ``questions[b]`` (their token counts): a
+    question's token ``i`` sees the row's cached tokens and its own question's tokens up to ``i``, never another
+    question's. Padding is masked; padded query rows see the first key only (their output is never read)."""
     import torch
 
-    c_max, q_max = max(lengths), max(question_lengths)
+    c_max = max(lengths)
+    s_max = max(sum(q) for q in questions)
     neg = torch.finfo(dtype).min
-    mask = torch.full((len(lengths), 1, q_max, c_max + q_max), neg, dtype=dtype)
-    causal = torch.tril(torch.ones(q_max, q_max, dtype=torch.bool))
-    for b, (c, q) in enumerate(zip(lengths, question_lengths, strict=True)):
-        mask[b, 0, :q, :c] = 0.0
-        block = mask[b, 0, :q, c_max : c_max + q]
-        block[causal[:q, :q]] = 0.0
-        mask[b, 0, q:, 0] = 0.0
+    mask = torch.full((len(lengths), 1, s_max, c_max + s_max), neg, dtype=dtype)
+    causal = torch.tril(torch.ones(s_max, s_max, dtype=torch.bool))
+    for b, (c, qs) in enumerate(zip(lengths, questions, strict=True)):
+        off = 0
+        for q in qs:
+            mask[b, 0, off : off + q, :c] = 0.0
+            own = mask[b, 0, off : off + q, c_max + off : c_max + off + q]
+            own[causal[:q, :q]] = 0.0
+            off += q
+        mask[b, 0, off:, 0] = 0.0
     return mask
 
 
 def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: int) -> Capture:
     """One batched question pass over ``rows``' cached blocks, stopping after ``depth`` layers; returns the
-    capture (attention rows of every row's question tokens and final token over its context tokens).
+    capture, whose items follow ``rows`` (attention rows of every row's question tokens and final token over its
+    context tokens).
 
-    The cached states reach the attention function through the capture (:attr:`Capture.past`), which puts them
-    before the pass's own keys and values; the pass's 4D additive mask and explicit position ids reach SDPA
-    unchanged. The caller holds ``proxy.lock``."""
+    Rows that read the same cached states (the same documents, e.g. several questions over one retrieved set) are
+    packed into one batch row: their cached states are stored once, and each question attends to them and to
+    itself only. The cached states reach the attention function through the capture (:attr:`Capture.past`),
+    which puts them before the pass's own keys and values; the pass's 4D additive mask and explicit position ids
+    reach SDPA unchanged. The caller holds ``proxy.lock``."""
     import torch
 
     dev = proxy.device
-    lengths = [int(r.states.shape[3]) for r in rows]
-    q_lens = [len(r.prompt.question_ids) for r in rows]
-    c_max, q_max = max(lengths), max(q_lens)
-    past = {
-        layer: (
-            torch.stack([_pad(r.states[0, layer], c_max) for r in rows]).to(dev),
-            torch.stack([_pad(r.states[1, layer], c_max) for r in rows]).to(dev),
-        )
-        for layer in range(depth)
-    }
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(tuple(id(p) for p in r.parts), []).append(i)
+    members = list(groups.values())
+    lengths = [rows[m[0]].length for m in members]
+    questions = [[len(rows[i].prompt.question_ids) for i in m] for m in members]
+    c_max, s_max = max(lengths), max(sum(q) for q in questions)
+    first = rows[0].parts[0]
+    # one buffer (2, layers, B, KVH, c_max, d), each part copied once into place: every layer's keys and values
+    # are then contiguous views (padding stays zero and is masked)
+    buf = first.new_zeros(2, depth, len(members), first.shape[2], c_max, first.shape[4])
+    for b, m in enumerate(members):
+        pos = 0
+        for part in rows[m[0]].parts:
+            n = int(part.shape[3])
+            buf[:, :, b, :, pos : pos + n] = part[:, :depth]
+            pos += n
+    buf = buf.to(dev)
+    past = {layer: (buf[0, layer], buf[1, layer]) for layer in range(depth)}
     pad = proxy.tokenizer.pad_token_id
     pad = pad if pad is not None else proxy.tokenizer.eos_token_id or 0
-    ids = torch.tensor([r.prompt.question_ids + [pad] * (q_max - len(r.prompt.question_ids)) for r in rows])
-    positions = torch.stack([r.prompt.question_start + torch.arange(q_max) for r in rows])
-    mask = question_mask(lengths, q_lens, proxy.dtype)
-    items = []
-    for r in rows:
-        ctx_pos, unit_of = context_positions(r.prompt)
-        items.append(
-            CaptureItem(
+    ids = torch.full((len(members), s_max), int(pad), dtype=torch.long)
+    positions = torch.zeros((len(members), s_max), dtype=torch.long)
+    items: list[CaptureItem | None] = [None] * len(rows)
+    for b, m in enumerate(members):
+        off = 0
+        for i in m:
+            prompt = rows[i].prompt
+            q = len(prompt.question_ids)
+            ids[b, off : off + q] = torch.tensor(prompt.question_ids)
+            positions[b, off : off + q] = prompt.question_start + torch.arange(q)
+            ctx_pos, unit_of = context_positions(prompt)
+            items[i] = CaptureItem(
                 ctx_pos=torch.tensor(ctx_pos, dtype=torch.long, device=dev),
                 unit_of_ctx=torch.tensor(unit_of, dtype=torch.long, device=dev),
-                n_units=r.prompt.n_units,
+                n_units=prompt.n_units,
                 # rows of the pass's own queries: the question's tokens, then the final token
-                q_rows=torch.tensor([*r.prompt.q_rows, len(r.prompt.question_ids) - 1], dtype=torch.long, device=dev),
-                n_question_rows=len(r.prompt.q_rows),
+                q_rows=torch.tensor([off + j for j in prompt.q_rows] + [off + q - 1], dtype=torch.long, device=dev),
+                n_question_rows=len(prompt.q_rows),
+                row=b,
             )
-        )
-    capture = Capture(items=items, stop_after=depth - 1 if depth < proxy.num_layers else None, past=past)
+            off += q
+    mask = question_mask(lengths, questions, proxy.dtype)
+    capture = Capture(
+        items=[it for it in items if it is not None],
+        stop_after=depth - 1 if depth < proxy.num_layers else None,
+        past=past,
+    )
     base = getattr(proxy.model, "model", None) or proxy.model.base_model
     with capturing(capture), torch.inference_mode():
         if dev == "cpu":
@@ -294,11 +325,3 @@ def context_positions(prompt: ParallelPrompt) -> tuple[list[int], list[int]]:
                 unit_of.append(u)
         pos += len(block.ids)
     return ctx_pos, unit_of
-
-
-def _pad(t: torch.Tensor, length: int) -> torch.Tensor:
-    import torch
-
-    if t.shape[1] == length:
-        return t
-    return torch.cat([t, t.new_zeros(t.shape[0], length - t.shape[1], t.shape[2])], dim=1)

@@ -42,7 +42,6 @@ def extract_parallel(
     batch_tokens: int = 6144,
 ) -> list[AttentionFeatures]:
     """Features of the first ``layers`` layers for each ``(docs, question)`` context (see the module doc)."""
-    import torch
 
     prompts: list[ParallelPrompt] = []
     for docs, question in contexts:
@@ -87,14 +86,12 @@ def extract_parallel(
         _, (prefix_states,) = encode_blocks(proxy, [], [prefix], layers, batch_tokens=batch_tokens)
     if cache is not None and prefix_key not in cache:
         cache.put(prefix_key, prefix_states)
-    rows = [
-        QuestionPass(p, torch.cat([prefix_states, *(states[key(b.ids)] for b in p.blocks)], dim=3)) for p in prompts
-    ]
+    rows = [QuestionPass(p, [prefix_states, *(states[key(b.ids)] for b in p.blocks)]) for p in prompts]
     out: list[AttentionFeatures | None] = [None] * len(rows)
-    order = sorted(range(len(rows)), key=lambda i: int(rows[i].states.shape[3]))
+    order = sorted(range(len(rows)), key=lambda i: rows[i].length)
     batch: list[int] = []
     for i in [*order, -1]:
-        width = int(rows[i].states.shape[3]) if i >= 0 else 0
+        width = rows[i].length if i >= 0 else 0
         if batch and (i < 0 or width * (len(batch) + 1) > QUESTION_BATCH_TOKENS):
             checkpoint()
             with proxy.lock:
