@@ -154,7 +154,8 @@ def print_table(res: dict[str, Any]) -> None:
     if "batch" in res:
         b = res["batch"]
         print(
-            f"optimize_batch of {b['k']} warm questions: {b['throughput_ratio_median']:.2f}x the throughput of single calls"
+            f"optimize_batch of {b['k']} warm questions: {b['throughput_ratio_median']:.2f}x the throughput of "
+            "single calls"
         )
 
 
