@@ -15,7 +15,7 @@ contexts are subsets of the N = 30 one), so each document is encoded once.
 The joint encoding's figures (one and two readings) are those of ``benchmarks/position.py``, in
 ``benchmarks/results/position.json``; this script prints them beside its own when that file is there.
 
-    python benchmarks/position_parallel.py --n-docs 10,20,30 --questions 30   # → benchmarks/results/position_parallel.json
+    python benchmarks/position_parallel.py --n-docs 10,20,30 --questions 30  # → results/position_parallel.json
 """
 
 from __future__ import annotations
