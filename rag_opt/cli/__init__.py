@@ -1,4 +1,5 @@
-"""The ``rag-opt`` command line: optimize, explain, models, serve, mcp, batch, calibrate, train-probe, train-doc-probe.
+"""The ``rag-opt`` command line: optimize, explain, models, serve, mcp, batch, index, cache, calibrate, train-probe,
+train-doc-probe.
 
 Errors rag-opt raises on purpose (:class:`~rag_opt.errors.RagOptError`: bad files, bad settings, a missing
 model) and the OS and JSON errors expected from user files exit with status 2 (1 for a model that cannot
@@ -20,7 +21,7 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rag_opt.cli import batch, mcp, models, optimize, serve, training
+    from rag_opt.cli import batch, cache, index, mcp, models, optimize, serve, training
 
     parser = argparse.ArgumentParser(
         prog="rag-opt",
@@ -28,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (optimize, models, training, serve, mcp, batch):
+    for module in (optimize, models, training, serve, mcp, batch, index, cache):
         module.register(sub)
     return parser
 

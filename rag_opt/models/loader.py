@@ -77,6 +77,13 @@ class ProxyModel:
     dtype: torch.dtype
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     threads: ThreadPolicy = field(default_factory=ThreadPolicy)
+    precision_name: str | None = None  # what it was loaded as ("int8" runs float32 activations); None: from dtype
+
+    @property
+    def precision(self) -> str:
+        """The precision it was loaded with (``float32``, ``bfloat16``, ``float16``, ``int8``): part of every key
+        of what it computes (an int8 model's activations are float32, its results are not a float32 model's)."""
+        return self.precision_name or str(self.dtype).removeprefix("torch.")
 
     @property
     def name(self) -> str:
@@ -184,4 +191,6 @@ def _load(source: ModelSource, device: str, dtype_name: str, trust_remote_code: 
     hf_model.eval()
     if dtype_name == "int8":
         _quantize_int8(hf_model)
-    return ProxyModel(source=source, model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype)
+    return ProxyModel(
+        source=source, model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype, precision_name=dtype_name
+    )

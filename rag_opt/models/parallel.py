@@ -77,6 +77,7 @@ class ParallelPrompt:
     q_rows: list[int]  # rows of the question's own tokens in ``question_ids``
     n_units: int
     n_docs: int
+    max_positions: int | None = None  # the model's positions (None: unbounded)
 
     @property
     def longest(self) -> int:
@@ -84,8 +85,13 @@ class ParallelPrompt:
 
     @property
     def question_start(self) -> int:
-        """Position id of the first question-pass token: right after the longest block."""
-        return len(self.prefix) + self.longest
+        """Position id of the first question-pass token: right after the longest block, moved back (overlapping
+        the longest blocks' last positions) where a very long question would otherwise pass the model's
+        positions."""
+        start = len(self.prefix) + self.longest
+        if self.max_positions is not None:
+            start = min(start, max(self.max_positions - len(self.question_ids), len(self.prefix)))
+        return start
 
 
 def _cut(tokenizer: object, text: str, *, specials: bool) -> tuple[list[int], list[tuple[int, int]]]:
@@ -139,7 +145,12 @@ def prefix_tokens(tokenizer: object) -> list[int]:
 
 
 def parallel_prompt(
-    tokenizer: object, docs: Sequence[Sequence[str]], question: str, *, max_block_tokens: int
+    tokenizer: object,
+    docs: Sequence[Sequence[str]],
+    question: str,
+    *,
+    max_block_tokens: int,
+    max_positions: int | None = None,
 ) -> ParallelPrompt:
     """Blocks for ``docs`` (each a sequence of unit strings) and the question-pass tokens for ``question``.
 
@@ -156,7 +167,7 @@ def parallel_prompt(
             blocks.extend(_doc_blocks(tokenizer, d, list(units), first, max_block_tokens))
         first += len(units)
     q_ids, q_rows = question_tokens(tokenizer, question)
-    return ParallelPrompt(tuple(prefix_tokens(tokenizer)), blocks, q_ids, q_rows, first, len(docs))
+    return ParallelPrompt(tuple(prefix_tokens(tokenizer)), blocks, q_ids, q_rows, first, len(docs), max_positions)
 
 
 def _doc_blocks(tokenizer: object, d: int, units: list[str], first: int, limit: int) -> list[Block]:

@@ -27,9 +27,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from rag_opt.models.loader import ProxyModel
 
-__all__ = ["QUESTION_BATCH_TOKENS", "extract_parallel"]
+__all__ = ["QUESTION_BATCH_TOKENS", "QUESTION_ROOM", "block_limit", "extract_parallel"]
 
 QUESTION_BATCH_TOKENS = 65536  # cached tokens (padded) per question pass
+QUESTION_ROOM = 256  # positions kept free for the question pass after the longest block
 
 
 def extract_parallel(
@@ -44,13 +45,15 @@ def extract_parallel(
     """Features of the first ``layers`` layers for each ``(docs, question)`` context (see the module doc)."""
 
     prompts: list[ParallelPrompt] = []
+    limit = block_limit(proxy, max_tokens)
     for docs, question in contexts:
-        limit = _block_limit(proxy, question, max_tokens)
-        prompt = parallel_prompt(proxy.tokenizer, docs, question, max_block_tokens=limit)
+        prompt = parallel_prompt(
+            proxy.tokenizer, docs, question, max_block_tokens=limit, max_positions=proxy.max_positions
+        )
         check_proxy_tokens(sum(len(b.ids) for b in prompt.blocks))  # before any forward pass (rag_opt.work)
         prompts.append(prompt)
     prefix = prompts[0].prefix
-    model, dtype = proxy.name, str(proxy.dtype).removeprefix("torch.")
+    model, dtype = proxy.name, proxy.precision
 
     def key(ids: Sequence[int], kind: str = "block") -> str:
         return encoding_key(ids, model=model, dtype=dtype, depth=layers, template=PARALLEL_TEMPLATE_ID, kind=kind)
@@ -105,13 +108,13 @@ def extract_parallel(
     return [f for f in out if f is not None]
 
 
-def _block_limit(proxy: ProxyModel, question: str, max_tokens: int) -> int:
-    """The most tokens one block may have: the question pass's positions start after the longest block and
-    must stay within the model's positions (and within ``max_tokens``)."""
-    from rag_opt.models.parallel import prefix_tokens, question_tokens
+def block_limit(proxy: ProxyModel, max_tokens: int) -> int:
+    """The most tokens one block may have, whatever the question (so a document cuts into the same blocks, and
+    hits the same cache entries, for every question): the model's positions (and ``max_tokens``) less the prefix
+    and :data:`QUESTION_ROOM` positions for the question pass."""
+    from rag_opt.models.parallel import prefix_tokens
 
-    q = len(question_tokens(proxy.tokenizer, question)[0])
-    room = min(max_tokens, proxy.max_positions) - len(prefix_tokens(proxy.tokenizer)) - q - 1
+    room = min(max_tokens, proxy.max_positions) - len(prefix_tokens(proxy.tokenizer)) - QUESTION_ROOM
     return max(room, 16)
 
 

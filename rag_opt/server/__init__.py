@@ -12,7 +12,8 @@ find the context, optimize it, write it back, forward), :mod:`.chat`, :mod:`.ant
 messages, and writing it back), :mod:`.markup` (finding document blocks in linear time),
 :mod:`.json_edit` (editing the JSON body in place), :mod:`.paths` (plain request paths, upstream URLs),
 :mod:`.upstream` (forwarding and relaying), :mod:`.http` (the connection layer: read timeouts, connection limit),
-:mod:`.pool` (the optimizer's worker pool), :mod:`.state` (what one app holds), :mod:`.settings` (settings from the
+:mod:`.pool` (the optimizer's worker pool), :mod:`.state` (what one app holds, the process's one encoding cache
+included), :mod:`.settings` (settings from the
 command line and environment), :mod:`.security`, :mod:`.logs` (rate-limited repeats), :mod:`.metrics`
 (``prometheus_client``, ``GET /stats``) and :mod:`.errors`.
 """

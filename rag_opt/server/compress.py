@@ -1,6 +1,7 @@
 """``POST /v1/compress``: the compress-only sidecar. A gateway sends a question and its retrieved documents and
 gets the optimized documents back (kept text, kept spans as character offsets into the input, scores, tokens
-before and after, the tier that ran, timings), then makes its own LLM call.
+before and after, the tier that ran, timings, how the proxy model read the context and, under parallel encoding,
+the request's encoding cache hits and misses), then makes its own LLM call.
 
 The request and response are the pydantic models below; their JSON schema is served at
 ``GET /v1/compress/schema`` and committed as ``docs/compress.schema.json`` (:func:`compress_schema`). The route
@@ -181,6 +182,16 @@ class CompressResponse(BaseModel):
     language: str
     timings: CompressTimings
     warnings: list[str] = Field(default_factory=list)
+    encoding: Literal["parallel", "joint"] | None = Field(
+        default=None, description="how the proxy model read the context (null: the proxy model did not read it)"
+    )
+    cache_hits: int | None = Field(
+        default=None,
+        description="parallel encoding: document blocks whose encoding came from the encoding cache (null otherwise)",
+    )
+    cache_misses: int | None = Field(
+        default=None, description="parallel encoding: document blocks this request encoded (null otherwise)"
+    )
 
 
 def compress_schema() -> dict[str, Any]:
@@ -316,6 +327,11 @@ class Compressor:
         ms = self.engine.record(attempt, len(job.documents), job.target or result.target_tokenizer)
         self.state.metrics.compress_outcome(status)
         docs, dropped = _output(result)
+        reading: dict[str, Any] = {}
+        if not lexical and result.tier == "model" and result.encoding is not None:
+            reading["encoding"] = result.encoding
+            if result.encoding == "parallel":
+                reading.update(cache_hits=result.cache_hits, cache_misses=result.cache_misses)
         return CompressResponse(
             status=status,
             reason=attempt.reason if lexical else None,
@@ -329,6 +345,7 @@ class Compressor:
             timings=CompressTimings(total_ms=ms, optimizer=result.timings),
             warnings=result.warnings,
             **common,
+            **reading,
         )
 
 

@@ -11,7 +11,9 @@ could not help: a failure to find the context, an optimizer error, an exceeded t
 load all forward the request unoptimized (fail-open). Only an invalid request is answered locally (a 4xx in the
 route's error shape), and an overloaded pool with ``--on-overload reject`` (a 429 with ``Retry-After``). What
 happened is told by the ``x-ragopt-*`` response headers (:class:`Outcome`) and counted in the metrics (the
-per-model totals of ``/stats`` by the request's ``model``).
+per-model totals of ``/stats`` by the request's ``model``). When the proxy model read the context,
+``x-ragopt-encoding`` says how, and under parallel encoding ``x-ragopt-cache-hits`` / ``x-ragopt-cache-misses``
+how many document blocks came from the encoding cache and how many this request encoded.
 
 Per-request options (budget, ordering, ``language``, placement) come from the ``x-ragopt-*`` headers and the
 ``rag_opt`` field on every route (:mod:`rag_opt.server.request`). A body sent with ``Content-Encoding: gzip`` or
@@ -58,6 +60,18 @@ class Outcome:
     tokens_after: int = 0
     optimizer_ms: float = 0.0
     reason: str | None = None  # why it failed open, or why the lexical tier ran
+    encoding: str | None = None  # how the proxy model read the context (the model tier only)
+    cache_hits: int | None = None  # parallel encoding: document blocks from the encoding cache / encoded now
+    cache_misses: int | None = None
+
+    def read_by_model(self, result: OptimizeResult) -> Outcome:
+        """Record how the proxy model read ``result``'s context: its encoding and, under parallel encoding, the
+        request's cache hits and misses (nothing when another tier scored or nothing was read)."""
+        if result.tier == "model" and result.encoding is not None:
+            self.encoding = result.encoding
+            if result.encoding == "parallel":
+                self.cache_hits, self.cache_misses = result.cache_hits, result.cache_misses
+        return self
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         out = [
@@ -68,6 +82,11 @@ class Outcome:
         ]
         if self.reason:
             out.append((b"x-ragopt-reason", self.reason.encode()))
+        if self.encoding is not None:
+            out.append((b"x-ragopt-encoding", self.encoding.encode()))
+        if self.cache_hits is not None and self.cache_misses is not None:
+            out.append((b"x-ragopt-cache-hits", str(self.cache_hits).encode()))
+            out.append((b"x-ragopt-cache-misses", str(self.cache_misses).encode()))
         return out
 
 
@@ -168,7 +187,8 @@ class ContextFlow:
         ms = self.engine.record(attempt, len(plan.documents), model if isinstance(model, str) else None)
         lexical = attempt.tier == "lexical"
         status = "optimized_lexical" if lexical else "optimized"
-        return body, Outcome(status, result.tokens_before, result.tokens_after, ms, attempt.reason if lexical else None)
+        outcome = Outcome(status, result.tokens_before, result.tokens_after, ms, attempt.reason if lexical else None)
+        return body, outcome if lexical else outcome.read_by_model(result)
 
     async def _unoptimized(self, plan: ContextPlan, attempt: Attempt) -> tuple[bytes, Outcome]:
         """The request to forward unoptimized (fail-open; counted by the engine) and its outcome."""

@@ -3,11 +3,14 @@
 Precedence: command line > environment > defaults. Every field ``name`` has the environment variable
 ``RAG_OPT_<NAME>`` (e.g. ``RAG_OPT_UPSTREAM``, ``RAG_OPT_RATIO``, ``RAG_OPT_UPSTREAM_API_KEY``,
 ``RAG_OPT_PROXY_MODEL`` — the same variable the library reads for its default proxy model) and the command-line
-flag ``--<name>`` with dashes (``--proxy-model`` is ``--model``; a boolean that is on by default is turned off
-by ``--no-<name>``). A variable set to an empty value counts as unset, except a key (``RAG_OPT_API_KEY``,
-``RAG_OPT_UPSTREAM_API_KEY``): an empty one is refused, as ``--api-key ""`` is. :func:`add_settings_arguments`
-generates the flags from the model's fields,
-:func:`settings_from_args` reads them back.
+flag ``--<name>`` with dashes, or a flag of its own: ``--proxy-model`` is ``--model``, and the encoding cache's
+``encoding_cache``, ``encoding_cache_bytes`` and ``encoding_cache_dir`` are ``--no-cache``, ``--cache-bytes`` and
+``--cache-dir`` (their variables ``RAG_OPT_ENCODING_CACHE``, ``RAG_OPT_ENCODING_CACHE_BYTES`` and
+``RAG_OPT_ENCODING_CACHE_DIR``: ``RAG_OPT_CACHE_DIR`` is rag-opt's general cache folder). A boolean that is on by
+default is turned off by ``--no-<name>``. A variable set to an empty value counts as unset, except a key
+(``RAG_OPT_API_KEY``, ``RAG_OPT_UPSTREAM_API_KEY``): an empty one is refused, as ``--api-key ""`` is.
+:func:`add_settings_arguments` generates the flags from the model's fields, :func:`settings_from_args` reads them
+back.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
-from rag_opt.errors import ConfigurationError
+from rag_opt.errors import ConfigurationError, InvalidInputError
+from rag_opt.models.encoding_cache import DEFAULT_CACHE_BYTES
+from rag_opt.models.prompt import DEFAULT_ENCODING, ENCODINGS, template_for
 from rag_opt.text.language import check_language
 from rag_opt.types import ORDERING_NAMES, Budget, check_ordering
 
@@ -109,6 +114,32 @@ class ProxySettings(BaseModel):
         default=None, description="proxy model dtype", json_schema_extra={"choices": ["float32", "bfloat16", "float16"]}
     )
     probe: str | None = Field(default="auto", description="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
+    encoding: str = Field(
+        default=DEFAULT_ENCODING,
+        description="how the proxy model reads the context: parallel (each document on its own, its encoding kept in "
+        "the encoding cache: a request whose documents are cached costs only its question) or joint (one pass over "
+        "the whole context)",
+        json_schema_extra={"choices": list(ENCODINGS)},
+    )
+    encoding_cache: bool = Field(
+        default=True,
+        description="keep the document encodings of parallel encoding in one cache shared by every request and "
+        "worker of the process (--cache-bytes in memory, --cache-dir on disk)",
+        json_schema_extra={"flag": "--no-cache"},
+    )
+    encoding_cache_bytes: int = Field(
+        default=DEFAULT_CACHE_BYTES,
+        ge=0,
+        description="bound of the encoding cache's memory tier in bytes, least recently used evicted first (0: no "
+        "memory tier; with no --cache-dir either, no cache)",
+        json_schema_extra={"flag": "--cache-bytes", "metavar": "BYTES"},
+    )
+    encoding_cache_dir: str | None = Field(
+        default=None,
+        description="folder of the encoding cache's disk tier, shared by workers and processes and filled ahead by "
+        "'rag-opt index' (default: none, memory only)",
+        json_schema_extra={"flag": "--cache-dir", "metavar": "DIR"},
+    )
     # where context is found
     document_tag: str = Field(
         default="document",
@@ -258,6 +289,29 @@ class ProxySettings(BaseModel):
     def _language(cls, v: str) -> str:
         return check_language(v)
 
+    @field_validator("encoding")
+    @classmethod
+    def _encoding(cls, v: str) -> str:
+        v = str(v).strip()
+        try:
+            template_for(v)
+        except InvalidInputError:
+            raise ConfigurationError(f"must be one of {', '.join(ENCODINGS)}, got {v!r}") from None
+        return v
+
+    @field_validator("encoding_cache_dir")
+    @classmethod
+    def _cache_dir(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        v = v.strip()
+        if not v:
+            raise ConfigurationError("must be a folder, got an empty path")
+        path = os.path.expanduser(v)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise ConfigurationError(f"{v!r} exists and is not a folder")
+        return path
+
     @model_validator(mode="before")
     @classmethod
     def _default_budget(cls, data: Any) -> Any:
@@ -355,6 +409,8 @@ def _help(name: str, info: FieldInfo) -> str:
         text += f" (default: {shown})"
     if base is SecretStr:
         text += f" (prefer {ENV_PREFIX}{name.upper()}: the command line is visible to other users)"
+    elif isinstance(_extra(info).get("flag"), str):  # a flag of its own: its variable is not RAG_OPT_<FLAG>
+        text += f" (environment: {ENV_PREFIX}{name.upper()})"
     return text.replace("%", "%%")
 
 

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rag_opt.models.encoding_cache import EncodingCache
 from rag_opt.server.metrics import Metrics
 from rag_opt.server.pool import OptimizerPool
 from rag_opt.server.security import redact
@@ -15,7 +16,7 @@ from rag_opt.server.upstream import Upstream
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.types import OptimizeResult
 
-__all__ = ["Optimizer", "ProxyState"]
+__all__ = ["Optimizer", "ProxyState", "build_encoding_cache"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +38,30 @@ class Optimizer(Protocol):
     ) -> OptimizeResult: ...
 
 
+def build_encoding_cache(settings: ProxySettings) -> EncodingCache | None:
+    """The process's one encoding cache from the settings: None when the encoding is not parallel, with
+    ``--no-cache``, or with ``--cache-bytes 0`` and no ``--cache-dir`` (nothing could be kept)."""
+    if settings.encoding != "parallel" or not settings.encoding_cache:
+        return None
+    if settings.encoding_cache_bytes == 0 and settings.encoding_cache_dir is None:
+        return None
+    return EncodingCache(settings.encoding_cache_bytes, disk=settings.encoding_cache_dir)
+
+
+def _describe(cache: EncodingCache | None) -> str:
+    if cache is None:
+        return "no encoding cache"
+    disk = f", disk tier {cache.disk}" if cache.disk is not None else ""
+    return f"encoding cache: {cache.max_bytes / 2**20:g} MiB in memory{disk}"
+
+
 class ProxyState:
     """Everything one proxy app holds (``app.state.ragopt``).
 
     ``optimizer_state`` is ``cold`` (not loaded), ``loading``, ``ready`` or ``failed`` (the proxy model did not
-    load: the proxy serves in pass-through mode).
+    load: the proxy serves in pass-through mode). ``cache`` is the encoding cache every request and worker shares
+    (the optimizer's; built from the settings for the optimizer the app builds), or None; ``encoding`` the
+    optimizer's encoding (None: an optimizer that does not say).
     """
 
     def __init__(self, settings: ProxySettings, optimizer: Optimizer | None) -> None:
@@ -62,8 +82,16 @@ class ProxyState:
                 language=settings.language,
                 trust_remote_code=settings.trust_remote_code,
                 threads=ThreadPolicy(threads, workers=settings.max_concurrency),
+                encoding=settings.encoding,
+                cache=build_encoding_cache(settings),  # one for the process: every request and worker shares it
             )
         self.optimizer: Optimizer = optimizer
+        cache = getattr(optimizer, "cache", None)
+        self.cache: EncodingCache | None = cache if isinstance(cache, EncodingCache) else None
+        encoding = getattr(optimizer, "encoding", None)
+        self.encoding: str | None = encoding if isinstance(encoding, str) else None
+        if self.encoding is not None:
+            logger.info("encoding: %s; %s", self.encoding, _describe(self.cache))
         self.optimizer_state = "cold"
         self.secrets = tuple(
             k.get_secret_value() for k in (settings.api_key, settings.upstream_api_key) if k is not None
@@ -83,6 +111,8 @@ class ProxyState:
         self.batching = settings.max_batch > 1 and callable(getattr(optimizer, "optimize_batch", None))
         self.metrics.pool_gauges = self.pool.gauges
         self.metrics.optimizer_state = lambda: self.optimizer_state
+        self.metrics.encoding_cache = lambda: self.cache
+        self.metrics.encoding = lambda: self.encoding
         self.upstream = Upstream(settings, self.metrics, self.secrets)
 
     @property

@@ -1,0 +1,482 @@
+"""``rag-opt index``: precompute a corpus's parallel document encodings into the encoding cache's disk tier.
+
+Every row of the input (JSONL: one document per line, a JSON string or an object with ``text`` or
+``page_content`` and optionally ``title`` / ``metadata.title``, as ``rag-opt optimize --input`` reads them; other
+fields are ignored) is segmented into units exactly as :meth:`rag_opt.ContextOptimizer.optimize` segments a
+request's documents (:meth:`~rag_opt.text.units.UnitTable.build` in ``--language``), cut into blocks as
+:func:`rag_opt.models.parallel.parallel_prompt` cuts them, and each block's key/value states go through the
+document passes of :mod:`rag_opt.models.document_pass` into the disk tier under the key a request computes
+(:func:`~rag_opt.models.encoding_cache.encoding_key`: the block's token ids, the proxy model, its dtype, the depth
+and the parallel template; the shared prefix's entry too, as :mod:`rag_opt.models.parallel_features` keeps it).
+A server (``rag-opt serve --encoding parallel --cache-dir DIR``) or a ``ContextOptimizer(encoding="parallel",
+cache=EncodingCache(disk=DIR))`` then reads those documents from the cache: a request costs only its question.
+
+The depths are those the probes a request uses read (the shipped ones for the model by default, ``--probe``
+otherwise): the sentence probe's depth, and the document probe's when document relevance is wanted (orderings
+other than ``input``). Both come from one forward pass at the deeper one (a layer's states do not depend on the
+layers after it). ``--layers N`` indexes that depth only.
+
+Resumable: a block whose encodings are all on disk already is skipped (a rerun does no forward pass). A row that
+cannot be indexed (invalid JSON, no text, empty text, not UTF-8) is logged with its line number and the others go
+on; the exit status is 0 when every row was indexed (or was already), 1 when some failed.
+
+A document longer than one block (the model's positions, or ``max_window_tokens``, less the question) is indexed
+in pieces; at request time its pieces depend on the question's length, so some of them may miss the cache.
+
+``--ray`` runs the document passes on Ray Data (``map_batches`` with :class:`RayIndexer`, one model per actor;
+needs ``pip install 'rag-opt[ray]'``); the cache folder must then be one every actor can reach.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from rag_opt.cli.common import UserError, add_language_arg, add_model_args, nonneg_int
+from rag_opt.errors import RagOptError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.models.encoding_cache import EncodingCache
+
+__all__ = ["DocumentIndexer", "IndexSummary", "RayIndexer", "RowResult", "parse_row", "register", "run_index"]
+
+logger = logging.getLogger("rag_opt.cli.index")
+
+DEFAULT_BATCH = 16  # rows per batch of document passes
+_QUESTION = "?"  # what the blocks are cut before (a block's tokens do not depend on the question)
+
+Status = Literal["indexed", "cached", "failed"]
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """What became of one input row: ``indexed`` (encoded now), ``cached`` (every block was on disk already) or
+    ``failed`` (``error`` says why, with the line number)."""
+
+    line: int
+    status: Status
+    error: str | None = None
+    blocks: int = 0  # blocks encoded for this row now
+
+
+@dataclass
+class IndexSummary:
+    """What :func:`run_index` did."""
+
+    indexed: int = 0
+    cached: int = 0
+    failed: int = 0
+    blocks: int = 0  # blocks encoded (forward passes' worth)
+    seconds: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, result: RowResult) -> None:
+        if result.status == "indexed":
+            self.indexed += 1
+        elif result.status == "cached":
+            self.cached += 1
+        else:
+            self.failed += 1
+            if result.error is not None:
+                self.errors.append(result.error)
+        self.blocks += result.blocks
+
+    def line(self, cache_dir: str | Path) -> str:
+        return (
+            f"rag-opt index: indexed {self.indexed}, skipped-cached {self.cached}, failed {self.failed} "
+            f"({self.blocks} blocks encoded in {self.seconds:.1f} s into {cache_dir})"
+        )
+
+
+# -- rows ---------------------------------------------------------------------------------------------------------
+def parse_row(raw: bytes | str, line: int) -> dict[str, Any]:
+    """One input line as a document ``{"text", "title"?, "metadata"?}`` (the fields the encoding reads); raises
+    :class:`~rag_opt.cli.common.UserError` (``line N: why``) for a row that cannot be indexed."""
+    where = f"line {line}"
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    try:
+        rec = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    if isinstance(rec, str):
+        rec = {"text": rec}
+    if not isinstance(rec, dict):
+        raise UserError(f"{where}: expected a JSON object with a 'text' field or a string")
+    text = rec.get("text", rec.get("page_content"))
+    if not isinstance(text, str):
+        raise UserError(f"{where}: missing string field 'text'")
+    if not text.strip():
+        raise UserError(f"{where}: the document's text is empty")
+    doc: dict[str, Any] = {"text": text}
+    for key in ("title", "metadata"):
+        if rec.get(key) is not None:
+            doc[key] = rec[key]
+    return doc
+
+
+def _lines(path: str) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of every non-blank line of ``path`` (``-``: standard input)."""
+    fh = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115 - closed below
+    try:
+        for n, raw in enumerate(fh, start=1):
+            if raw.strip():
+                yield n, raw.rstrip(b"\r\n")
+    finally:
+        if fh is not sys.stdin.buffer:
+            fh.close()
+
+
+def _count_rows(path: str) -> int | None:
+    if path == "-":
+        return None
+    with open(path, "rb") as fh:
+        return sum(1 for raw in fh if raw.strip())
+
+
+# -- the indexer --------------------------------------------------------------------------------------------------
+class DocumentIndexer:
+    """Writes documents' parallel encodings into the disk tier at ``cache_dir`` (see the module docstring).
+
+    The proxy model and the probes load as a request's do (a :class:`~rag_opt.ContextOptimizer` with
+    ``encoding="parallel"``), so the model name, dtype and depths in the keys are the ones a request computes.
+    ``layers``: the depth(s) to index (default: those the probes read, see the module docstring).
+    """
+
+    def __init__(
+        self,
+        cache_dir: str | Path,
+        *,
+        model: str | None = None,
+        device: str | None = None,
+        dtype: str | None = None,
+        probe: str | None = "auto",
+        language: str = "en",
+        layers: int | Sequence[int] | None = None,
+        batch_tokens: int = 6144,
+    ) -> None:
+        from rag_opt.models.encoding_cache import EncodingCache
+        from rag_opt.models.parallel import prefix_tokens
+        from rag_opt.models.parallel_features import block_limit
+        from rag_opt.pipeline import ContextOptimizer
+
+        self.cache: EncodingCache = EncodingCache(0, disk=cache_dir)  # the disk tier only: nothing kept in memory
+        optimizer = ContextOptimizer(
+            model=model, device=device, dtype=dtype, probe=probe, language=language, encoding="parallel", cache=None
+        )
+        self.language = optimizer.language
+        scorer = optimizer.scorer()  # loads the model and resolves the probes as a request does
+        proxy = getattr(scorer, "proxy", None)
+        layers_of = getattr(scorer, "layers", None)
+        if proxy is None or layers_of is None:  # pragma: no cover - the default scorer is the Sentinel scorer
+            raise UserError("rag-opt index needs the proxy model's scorer")
+        self.proxy = proxy
+        if layers is not None:
+            depths = {int(layers)} if isinstance(layers, int) else {int(n) for n in layers}
+            if not depths or not all(1 <= n <= proxy.num_layers for n in depths):
+                raise UserError(f"--layers must be in 1..{proxy.num_layers} for {proxy.name}, got {layers}")
+        else:  # the sentence probe's depth, and the document probe's (orderings that need document relevance)
+            depths = {int(layers_of(documents=False)), int(layers_of(documents=True))}
+        self.depths = sorted(depths)
+        self.batch_tokens = batch_tokens
+        self.model_name = proxy.name
+        self.dtype = proxy.precision
+        self.prefix = tuple(prefix_tokens(proxy.tokenizer))
+        # as a request cuts documents (the limit does not depend on the question)
+        max_tokens = int(getattr(scorer, "max_tokens", optimizer.max_window_tokens))
+        self.block_limit = block_limit(proxy, max_tokens)
+        self.split_documents = 0  # documents indexed in more than one block
+
+    def key(self, ids: Sequence[int], depth: int, kind: str = "block") -> str:
+        """The cache key a request computes for ``ids`` at ``depth`` (mirrors
+        :func:`rag_opt.models.parallel_features.extract_parallel`)."""
+        from rag_opt.models.encoding_cache import encoding_key
+        from rag_opt.models.prompt import PARALLEL_TEMPLATE_ID
+
+        return encoding_key(
+            ids, model=self.model_name, dtype=self.dtype, depth=depth, template=PARALLEL_TEMPLATE_ID, kind=kind
+        )
+
+    def blocks(self, document: dict[str, Any]) -> list[tuple[int, ...]]:
+        """The token ids of ``document``'s blocks, segmented and cut as at request time."""
+        from rag_opt.inputs import check_documents
+        from rag_opt.models.parallel import parallel_prompt
+        from rag_opt.text.units import UnitTable
+
+        docs = check_documents([document])
+        units = UnitTable.build(docs, _uncounted, self.language).by_document()  # unit texts need no token counts
+        prompt = parallel_prompt(self.proxy.tokenizer, units, _QUESTION, max_block_tokens=self.block_limit)
+        if len(prompt.blocks) > 1:
+            self.split_documents += 1
+        return [b.ids for b in prompt.blocks]
+
+    def _done(self, ids: Sequence[int], kind: str = "block") -> bool:
+        return all(self.key(ids, d, kind) in self.cache for d in self.depths)
+
+    def index_rows(self, rows: Sequence[tuple[int, dict[str, Any]]]) -> list[RowResult]:
+        """Index ``(line, document)`` rows: their missing blocks in shared document passes; one result per row."""
+        from rag_opt.models.document_pass import encode_blocks
+
+        out: dict[int, RowResult] = {}
+        pending: dict[int, int] = {}  # row -> how many blocks it adds to the passes (a shared one counts once)
+        todo: dict[tuple[int, ...], None] = {}  # distinct blocks to encode, in order
+        for line, document in rows:
+            try:
+                missing = [ids for ids in self.blocks(document) if not self._done(ids)]
+            except (RagOptError, ValueError, TypeError) as exc:
+                out[line] = RowResult(line, "failed", f"line {line}: {exc}")
+                continue
+            if not missing:
+                out[line] = RowResult(line, "cached")
+                continue
+            pending[line] = sum(ids not in todo for ids in dict.fromkeys(missing))
+            todo.update(dict.fromkeys(missing))
+        try:
+            if todo:
+                prefix_states, states = encode_blocks(
+                    self.proxy, self.prefix, list(todo), self.depths[-1], batch_tokens=self.batch_tokens
+                )
+                for ids, s in zip(todo, states, strict=True):
+                    self._put(ids, s, "block")
+                self._put(self.prefix, prefix_states, "prefix")
+            elif not self._done(self.prefix, "prefix"):  # every block is cached, the prefix is not: its own pass
+                _, (prefix_states,) = encode_blocks(
+                    self.proxy, [], [self.prefix], self.depths[-1], batch_tokens=self.batch_tokens
+                )
+                self._put(self.prefix, prefix_states, "prefix")
+        except (RagOptError, RuntimeError, ValueError, OSError) as exc:
+            for line in pending:
+                out[line] = RowResult(line, "failed", f"line {line}: the document pass failed ({exc})")
+            pending = {}
+        for line, new in pending.items():
+            out[line] = RowResult(line, "indexed", blocks=new)
+        return [out[line] for line, _ in rows]
+
+    def _put(self, ids: Sequence[int], states: Any, kind: str) -> None:
+        """Keep ``states`` (``(2, depth, kv_heads, tokens, head_dim)`` at the deepest depth) under each depth's key:
+        a shallower depth's states are the first layers of a deeper pass's."""
+        top = self.depths[-1]
+        for d in self.depths:
+            key = self.key(ids, d, kind)
+            if key not in self.cache:
+                self.cache.put(key, states if d == top else states[:, :d].contiguous())
+
+
+def _uncounted(text: str) -> int:
+    return 0
+
+
+# -- running ------------------------------------------------------------------------------------------------------
+def _batches(path: str, size: int, failed: list[RowResult]) -> Iterator[list[tuple[int, dict[str, Any]]]]:
+    """Batches of ``size`` parsed rows; rows that cannot be parsed are appended to ``failed``."""
+    batch: list[tuple[int, dict[str, Any]]] = []
+    for line, raw in _lines(path):
+        try:
+            batch.append((line, parse_row(raw, line)))
+        except UserError as exc:
+            failed.append(RowResult(line, "failed", str(exc)))
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def run_index(
+    input: str,
+    cache_dir: str | Path,
+    *,
+    batch: int = DEFAULT_BATCH,
+    progress: bool = True,
+    ray: bool = False,
+    ray_address: str | None = None,
+    actors: int = 1,
+    cpus_per_actor: float = 1.0,
+    **options: Any,
+) -> IndexSummary:
+    """Index every row of ``input`` into the disk tier at ``cache_dir`` (``options``: :class:`DocumentIndexer`'s);
+    bad rows are logged with their line number and counted, never raised."""
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    if input != "-" and not Path(input).is_file():
+        raise UserError(f"input file not found: {input}")
+    name = "<stdin>" if input == "-" else input
+    t0 = time.perf_counter()
+    summary = IndexSummary()
+    with logging_redirect_tqdm(), tqdm(total=_count_rows(input), unit="doc", disable=not progress) as bar:
+
+        def tally(results: Sequence[RowResult]) -> None:
+            for r in results:
+                if r.status == "failed":
+                    logger.error("%s, %s", name, r.error)
+                summary.add(r)
+            bar.update(len(results))
+
+        if ray:
+            _run_on_ray(input, cache_dir, batch, tally, ray_address, actors, cpus_per_actor, options)
+        else:
+            indexer = DocumentIndexer(cache_dir, **options)
+            failed: list[RowResult] = []
+            for rows in _batches(input, batch, failed):
+                tally(failed)
+                failed.clear()
+                tally(indexer.index_rows(rows))
+            tally(failed)
+            if indexer.split_documents:
+                logger.info(
+                    "%d documents are longer than one block (%d proxy tokens) and were indexed in pieces, as requests "
+                    "cut them",
+                    indexer.split_documents,
+                    indexer.block_limit,
+                )
+    summary.seconds = time.perf_counter() - t0
+    if summary.indexed + summary.cached + summary.failed == 0:
+        raise UserError(f"{name} holds no documents")
+    return summary
+
+
+class RayIndexer:
+    """The callable class of ``rag-opt index --ray`` for ``Dataset.map_batches``: one :class:`DocumentIndexer`
+    (one model) per actor; a batch of ``line`` and ``record`` (the parsed document as JSON text) columns in,
+    ``line``, ``status``, ``error`` and ``blocks`` out."""
+
+    def __init__(self, cache_dir: str, **options: Any) -> None:
+        self.indexer = DocumentIndexer(cache_dir, **options)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
+        rows = [(int(n), json.loads(str(r))) for n, r in zip(batch["line"], batch["record"], strict=True)]
+        results = self.indexer.index_rows(rows)
+        return {
+            "line": [r.line for r in results],
+            "status": [r.status for r in results],
+            "error": [r.error or "" for r in results],
+            "blocks": [r.blocks for r in results],
+        }
+
+
+def _run_on_ray(
+    input: str,
+    cache_dir: str | Path,
+    batch: int,
+    tally: Any,
+    ray_address: str | None,
+    actors: int,
+    cpus_per_actor: float,
+    options: dict[str, Any],
+) -> None:  # pragma: no cover - needs the ray extra (tests skip without it)
+    import ray
+    import ray.data
+
+    failed: list[RowResult] = []
+    items = [
+        {"line": line, "record": json.dumps(doc, ensure_ascii=False)}
+        for rows in _batches(input, batch, failed)
+        for line, doc in rows
+    ]
+    tally(failed)
+    if not items:
+        return
+    started = not ray.is_initialized()  # a Ray this process already runs is used, and left running
+    if started:
+        ray.init(address=ray_address, include_dashboard=False, log_to_driver=True)
+    try:
+        ds: Any = ray.data.from_items(items)
+        ds = ds.map_batches(
+            RayIndexer,
+            fn_constructor_kwargs={"cache_dir": str(Path(cache_dir).resolve()), **options},
+            batch_size=batch,
+            batch_format="numpy",
+            compute=ray.data.ActorPoolStrategy(size=actors),
+            num_cpus=cpus_per_actor,
+        )
+        for out in ds.iter_batches(batch_size=None, batch_format="numpy"):
+            tally(
+                [
+                    RowResult(int(n), str(s), str(e) or None, int(b))  # type: ignore[arg-type]
+                    for n, s, e, b in zip(out["line"], out["status"], out["error"], out["blocks"], strict=True)
+                ]
+            )
+    finally:
+        if started:
+            ray.shutdown()
+
+
+# -- the command --------------------------------------------------------------------------------------------------
+def _positive_int(value: str) -> int:
+    n = nonneg_int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return n
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "index",
+        help="precompute a corpus's parallel document encodings into the encoding cache (resumable)",
+        description="Encode every document of a JSONL corpus (one document per line: a string or "
+        "{'text', 'title'?}) with parallel encoding into the encoding cache's disk tier, so that later requests "
+        "(rag-opt serve --encoding parallel --cache-dir DIR, or ContextOptimizer(encoding='parallel', "
+        "cache=EncodingCache(disk=DIR))) read them from the cache. Documents already there are skipped; a bad row "
+        "is reported with its line number and the others go on (exit status 1 if any failed).",
+    )
+    p.add_argument("--input", "-i", required=True, help="documents as JSONL ({'text', 'title'?} per line); - for stdin")
+    p.add_argument("--cache-dir", required=True, help="the encoding cache's disk folder (created if absent)")
+    add_model_args(p)
+    p.add_argument(
+        "--probe",
+        default="auto",
+        help="the probe the requests use: 'auto' (shipped), a JSON path or 'none'; it sets the depth (default: auto)",
+    )
+    p.add_argument(
+        "--layers",
+        type=_positive_int,
+        help="index at this depth only (default: the depths the probes read at request time)",
+    )
+    add_language_arg(p)
+    p.add_argument(
+        "--batch", type=_positive_int, default=DEFAULT_BATCH, help=f"rows per batch (default {DEFAULT_BATCH})"
+    )
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
+    p.add_argument("--ray", action="store_true", help="run on Ray Data (needs the ray extra)")
+    p.add_argument("--ray-address", help="with --ray: a running Ray cluster (default: a local Ray)")
+    p.add_argument("--actors", type=_positive_int, default=1, help="with --ray: indexer actors, one model each")
+    p.add_argument("--cpus-per-actor", type=float, default=1.0, help="with --ray: CPUs reserved per actor")
+    p.set_defaults(handler=_index)
+
+
+def _index(args: argparse.Namespace) -> int:
+    if args.ray and importlib.util.find_spec("ray") is None:
+        raise UserError("rag-opt index --ray needs the ray extra: pip install 'rag-opt[ray]'")
+    cache_dir = Path(args.cache_dir).expanduser()
+    if cache_dir.exists() and not cache_dir.is_dir():
+        raise UserError(f"--cache-dir {args.cache_dir} exists and is not a folder")
+    summary = run_index(
+        args.input,
+        cache_dir,
+        batch=args.batch,
+        progress=args.progress,
+        ray=args.ray,
+        ray_address=args.ray_address,
+        actors=args.actors,
+        cpus_per_actor=args.cpus_per_actor,
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        probe=None if args.probe == "none" else args.probe,
+        language=args.language,
+        layers=args.layers,
+    )
+    print(summary.line(cache_dir))
+    return 1 if summary.failed else 0

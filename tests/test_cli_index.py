@@ -1,0 +1,160 @@
+"""``rag-opt index`` (parallel document encodings of a corpus into the encoding cache's disk tier) and
+``rag-opt cache stats|clear``, with the real embedded proxy model on real HotpotQA dev paragraphs: the keys the
+index writes are the ones a request computes (every document a cache hit afterwards)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_opt.cli import main
+from tests.helpers import hotpot_dev, hotpot_docs
+
+pytestmark = [pytest.mark.model, pytest.mark.data]
+
+
+@pytest.fixture(scope="module")
+def example() -> tuple[str, list[dict[str, Any]]]:
+    ex = hotpot_dev(1)[0]
+    return ex["question"], hotpot_docs(ex)[:4]
+
+
+def write_corpus(path: Path, docs: list[dict[str, Any]], bad: list[str] = ()) -> Path:  # type: ignore[assignment]
+    lines = [json.dumps({"id": d["id"], "title": d["title"], "text": d["text"], "url": "ignored"}) for d in docs]
+    path.write_text("\n".join([*lines, *bad]) + "\n", encoding="utf-8")
+    return path
+
+
+def entries(folder: Path) -> list[Path]:
+    return sorted(folder.glob("??/*.safetensors"))
+
+
+def summary(out: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("rag-opt index:"))
+
+
+def test_index_writes_the_keys_requests_read_resumes_and_clears(
+    tmp_path: Path, example: tuple[str, list[dict[str, Any]]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rag_opt import ContextOptimizer
+    from rag_opt.models.encoding_cache import EncodingCache
+
+    question, docs = example
+    corpus, cache_dir = write_corpus(tmp_path / "corpus.jsonl", docs), tmp_path / "cache"
+    assert main(["index", "-i", str(corpus), "--cache-dir", str(cache_dir), "--no-progress"]) == 0
+    assert summary(capsys.readouterr().out).startswith(
+        f"rag-opt index: indexed {len(docs)}, skipped-cached 0, failed 0"
+    )
+    written = entries(cache_dir)
+    assert len(written) >= len(docs) + 1  # every document's block (per depth) and the shared prefix
+
+    # a rerun does no forward pass: everything is on disk already
+    assert main(["index", "-i", str(corpus), "--cache-dir", str(cache_dir), "--no-progress"]) == 0
+    assert summary(capsys.readouterr().out).startswith(
+        f"rag-opt index: indexed 0, skipped-cached {len(docs)}, failed 0"
+    )
+    assert entries(cache_dir) == written
+
+    # a request over those documents reads every one of them from the disk tier: the keys match
+    cache = EncodingCache(disk=cache_dir)
+    result = ContextOptimizer(encoding="parallel", cache=cache).optimize(question, docs, ratio=0.5)
+    assert result.encoding == "parallel"
+    assert (result.cache_hits, result.cache_misses) == (len(docs), 0)
+    assert cache.stats().disk_hits >= len(docs) and cache.stats().disk_writes == 0
+
+    assert main(["cache", "stats", "--cache-dir", str(cache_dir), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["entries"] == len(written) and stats["bytes"] == sum(p.stat().st_size for p in written)
+    assert stats["foreign_files"] == 0
+
+    assert main(["cache", "clear", "--cache-dir", str(cache_dir)]) == 0
+    assert f"removed {len(written)} encodings" in capsys.readouterr().out
+    assert cache_dir.is_dir() and not any(cache_dir.iterdir())
+
+
+def test_a_shallower_depth_is_sliced_from_one_deeper_pass(
+    tmp_path: Path, example: tuple[str, list[dict[str, Any]]]
+) -> None:
+    """Two depths indexed from one pass at the deeper: a request at the shallower one hits every document, and
+    its features equal those of its own uncached passes."""
+    import numpy as np
+
+    from rag_opt.cli.index import DocumentIndexer
+    from rag_opt.models.encoding_cache import EncodingCache
+    from rag_opt.models.extract import extract_batch
+    from rag_opt.text.units import UnitTable
+    from rag_opt.types import to_documents
+
+    question, docs = example
+    indexer = DocumentIndexer(tmp_path, layers=[3, 6])
+    results = indexer.index_rows(list(enumerate(docs, start=1)))
+    assert [r.status for r in results] == ["indexed"] * len(docs)
+    units = UnitTable.build(to_documents(docs), lambda s: 0).by_document()
+    cache = EncodingCache(disk=tmp_path)
+    kw: dict[str, Any] = {"layers": 3, "encoding": "parallel", "max_tokens": 8192}
+    (cached,) = extract_batch(indexer.proxy, [(units, question)], cache=cache, **kw)
+    (fresh,) = extract_batch(indexer.proxy, [(units, question)], cache=None, **kw)
+    assert (cached.cache_hits, cached.cache_misses) == (len(docs), 0)
+    np.testing.assert_allclose(cached.unit, fresh.unit, rtol=1e-3, atol=1e-5)
+    assert indexer.index_rows(list(enumerate(docs, start=1)))[0].status == "cached"
+
+
+def test_bad_rows_are_reported_with_their_line_and_the_others_indexed(
+    tmp_path: Path,
+    example: tuple[str, list[dict[str, Any]]],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _, docs = example
+    bad = ['{"text": "unterminated', '{"title": "no text"}', '{"text": "   "}']
+    corpus = write_corpus(tmp_path / "corpus.jsonl", docs[:2], bad)
+    with caplog.at_level(logging.ERROR, logger="rag_opt.cli.index"):
+        code = main(["index", "-i", str(corpus), "--cache-dir", str(tmp_path / "c"), "--no-progress"])
+    assert code == 1
+    assert summary(capsys.readouterr().out).startswith("rag-opt index: indexed 2, skipped-cached 0, failed 3")
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 3
+    assert errors[0].startswith(f"{corpus}, line 3: invalid JSON")
+    assert errors[1] == f"{corpus}, line 4: missing string field 'text'"
+    assert errors[2] == f"{corpus}, line 5: the document's text is empty"
+
+
+def test_cache_clear_refuses_a_folder_that_is_not_an_encoding_cache(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "not-a-cache"
+    (folder / "ab").mkdir(parents=True)
+    (folder / "ab" / "x.safetensors").write_bytes(b"0")
+    (folder / "notes.txt").write_text("mine")
+    assert main(["cache", "clear", "--cache-dir", str(folder)]) == 2
+    assert "does not look like an encoding cache" in capsys.readouterr().err
+    assert (folder / "notes.txt").is_file() and (folder / "ab" / "x.safetensors").is_file()
+    assert main(["cache", "stats", "--cache-dir", str(tmp_path / "absent")]) == 2
+    assert "cache folder not found" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("ray") is not None, reason="ray is installed: the message is for its absence"
+)
+def test_ray_without_the_extra_names_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('"a document."\n')
+    assert main(["index", "-i", str(corpus), "--cache-dir", str(tmp_path / "c"), "--ray"]) == 2
+    assert "pip install 'rag-opt[ray]'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs the ray extra (pip install 'rag-opt[ray]')")
+def test_index_on_ray_writes_the_same_entries(
+    tmp_path: Path, example: tuple[str, list[dict[str, Any]]], capsys: pytest.CaptureFixture[str]
+) -> None:  # pragma: no cover - ray is not in the dev extra
+    _, docs = example
+    corpus = write_corpus(tmp_path / "corpus.jsonl", docs[:2])
+    assert main(["index", "-i", str(corpus), "--cache-dir", str(tmp_path / "local"), "--no-progress"]) == 0
+    assert main(["index", "-i", str(corpus), "--cache-dir", str(tmp_path / "ray"), "--no-progress", "--ray"]) == 0
+    assert "indexed 2, skipped-cached 0, failed 0" in capsys.readouterr().out
+    assert [p.name for p in entries(tmp_path / "local")] == [p.name for p in entries(tmp_path / "ray")]
