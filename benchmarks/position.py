@@ -137,7 +137,7 @@ def run_nq(
         fill_cache(
             cache,
             todo,
-            lambda d, q: extract(proxy, d, q, max_tokens=8192, cross=cross),
+            lambda contexts: [extract(proxy, d, q, max_tokens=8192, cross=cross) for d, q in contexts],
             shard_size=20,
             desc=f"NQ test, {n_docs} documents reversed",
         )
@@ -203,7 +203,13 @@ def run_kv(proxy: ProxyModel, n_keys: int, questions: int, positions: list[int],
             kv.insert(pos, gold)
             todo.append((f"q{i}-g{pos}", units(kv), query(gold[0])))
     cache = feature_cache_for(cache_root, proxy.name, f"kv-{n_keys}")
-    fill_cache(cache, todo, lambda d, q: extract(proxy, d, q, max_tokens=8192), shard_size=10, desc="key-value")
+    fill_cache(
+        cache,
+        todo,
+        lambda contexts: [extract(proxy, d, q, max_tokens=8192) for d, q in contexts],
+        shard_size=10,
+        desc="key-value",
+    )
     feats = cache.load(t[0] for t in todo)
 
     probe = shipped_probe(proxy.name, "document")

@@ -134,9 +134,9 @@ def test_a_store_merges_deep_enough_caches_and_writes_only_what_none_has(tmp_pat
     assert all(f.num_layers == 2 for f in loaded.values())  # cut to the store's depth
     computed: list[str] = []
 
-    def compute(docs, question):
-        computed.append(question)
-        return _example(question, 5).features
+    def compute(contexts):  # a shard's contexts at once (what lets extraction batch them)
+        computed.extend(q for _, q in contexts)
+        return [_example(q, 5).features for _, q in contexts]
 
     examples = [(i, [["x"]], i) for i in ("full", "two", "shallow", "new")]
     assert fill_cache(store, examples, compute, progress=False) == 2
