@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import data_dir
+from common import data_dir, run_or_report
 
 from rag_opt.models.encoding_cache import EncodingCache
 from rag_opt.pipeline import ContextOptimizer
@@ -154,11 +154,7 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    out = Path(args.out)
-    res = json.loads(out.read_text()) if args.report_only else run(args)
-    if not args.report_only:
-        out.write_text(json.dumps(res, indent=1))
-    print_table(res)
+    run_or_report(Path(args.out), args.report_only, lambda: run(args), print_table)
 
 
 if __name__ == "__main__":

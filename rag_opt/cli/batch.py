@@ -12,20 +12,13 @@ from rag_opt.cli.common import (
     add_budget_args,
     add_engine_args,
     budget_from_args,
-    nonneg_int,
     optimizer_kwargs,
+    positive_int,
 )
 
 __all__ = ["DEFAULT_RATIO", "register"]
 
 DEFAULT_RATIO = 0.5
-
-
-def _positive_int(value: str) -> int:
-    n = nonneg_int(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return n
 
 
 def register(sub: Any) -> None:
@@ -40,11 +33,11 @@ def register(sub: Any) -> None:
     p.add_argument("--input", "-i", required=True, help="rows as .jsonl or .parquet")
     p.add_argument("--output", "-o", required=True, help="output folder of Parquet parts, e.g. out.parquet")
     p.add_argument("--ray-address", help="a running Ray cluster (ray://HOST:10001, HOST:6379 or auto); default: local")
-    p.add_argument("--actors", type=_positive_int, default=1, help="optimizer actors, one model each (default 1)")
-    p.add_argument("--num-cpus", type=_positive_int, help="CPUs of the local Ray (default: all)")
+    p.add_argument("--actors", type=positive_int, default=1, help="optimizer actors, one model each (default 1)")
+    p.add_argument("--num-cpus", type=positive_int, help="CPUs of the local Ray (default: all)")
     p.add_argument("--cpus-per-actor", type=float, default=1.0, help="CPUs reserved per actor (default 1)")
-    p.add_argument("--rows-per-part", type=_positive_int, default=100, help="input rows per output part (default 100)")
-    p.add_argument("--batch-size", type=_positive_int, default=4, help="rows per map_batches call (default 4)")
+    p.add_argument("--rows-per-part", type=positive_int, default=100, help="input rows per output part (default 100)")
+    p.add_argument("--batch-size", type=positive_int, default=4, help="rows per map_batches call (default 4)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide Ray's progress bars")
     add_engine_args(p)
     add_budget_args(p, default_ratio=DEFAULT_RATIO)

@@ -22,7 +22,9 @@ __all__ = [
     "budget_from_args",
     "build_optimizer",
     "default_data_dir",
+    "nonneg_int",
     "optimizer_kwargs",
+    "positive_int",
     "read_documents",
 ]
 
@@ -64,6 +66,14 @@ def nonneg_int(value: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value!r}") from None
     if n < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return n
+
+
+def positive_int(value: str) -> int:
+    """argparse type: an integer >= 1."""
+    n = nonneg_int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return n
 
 

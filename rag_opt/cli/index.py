@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from rag_opt.cli.common import UserError, add_language_arg, add_model_args, nonneg_int
+from rag_opt.cli.common import UserError, add_language_arg, add_model_args, positive_int
 from rag_opt.errors import RagOptError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -414,13 +414,6 @@ def _run_on_ray(
 
 
 # -- the command --------------------------------------------------------------------------------------------------
-def _positive_int(value: str) -> int:
-    n = nonneg_int(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return n
-
-
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "index",
@@ -441,17 +434,17 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--layers",
-        type=_positive_int,
+        type=positive_int,
         help="index at this depth only (default: the depths the probes read at request time)",
     )
     add_language_arg(p)
     p.add_argument(
-        "--batch", type=_positive_int, default=DEFAULT_BATCH, help=f"rows per batch (default {DEFAULT_BATCH})"
+        "--batch", type=positive_int, default=DEFAULT_BATCH, help=f"rows per batch (default {DEFAULT_BATCH})"
     )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
     p.add_argument("--ray", action="store_true", help="run on Ray Data (needs the ray extra)")
     p.add_argument("--ray-address", help="with --ray: a running Ray cluster (default: a local Ray)")
-    p.add_argument("--actors", type=_positive_int, default=1, help="with --ray: indexer actors, one model each")
+    p.add_argument("--actors", type=positive_int, default=1, help="with --ray: indexer actors, one model each")
     p.add_argument("--cpus-per-actor", type=float, default=1.0, help="with --ray: CPUs reserved per actor")
     p.set_defaults(handler=_index)
 
