@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_opt.errors import RagOptError
+from rag_opt.models.prompt import DEFAULT_ENCODING, ENCODINGS
 from rag_opt.types import ORDERING_NAMES, Budget
 
 __all__ = [
@@ -115,6 +116,19 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>")
     p.add_argument("--ordering", default="input", choices=ORDERING_NAMES, help="document ordering (default: input)")
     p.add_argument("--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
+    p.add_argument(
+        "--encoding",
+        choices=ENCODINGS,
+        default=DEFAULT_ENCODING,
+        help="how the proxy reads the context: parallel (each document on its own, cached) or joint (one pass) "
+        f"(default: {DEFAULT_ENCODING})",
+    )
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="with --encoding parallel: the encoding cache's disk folder (e.g. one filled by 'rag-opt index'); "
+        "default: memory only",
+    )
     add_language_arg(p)
     add_model_args(p)
 
@@ -142,6 +156,8 @@ def optimizer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "keep_first": getattr(args, "keep_first", False),
         "calibrate": getattr(args, "calibrate", True),
         "language": args.language,
+        "encoding": getattr(args, "encoding", DEFAULT_ENCODING),
+        "cache": getattr(args, "cache_dir", None) or "auto",
     }
 
 
