@@ -33,14 +33,13 @@ import argparse
 import importlib.util
 import json
 import logging
-import sys
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from rag_opt.cli.common import UserError, add_language_arg, add_model_args, positive_int
+from rag_opt.cli.index_rows import IndexSummary, RowResult, batches, count_rows, parse_row
 from rag_opt.errors import RagOptError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,97 +51,6 @@ logger = logging.getLogger("rag_opt.cli.index")
 
 DEFAULT_BATCH = 16  # rows per batch of document passes
 _QUESTION = "?"  # what the blocks are cut before (a block's tokens do not depend on the question)
-
-Status = Literal["indexed", "cached", "failed"]
-
-
-@dataclass(frozen=True)
-class RowResult:
-    """What became of one input row: ``indexed`` (encoded now), ``cached`` (every block was on disk already) or
-    ``failed`` (``error`` says why, with the line number)."""
-
-    line: int
-    status: Status
-    error: str | None = None
-    blocks: int = 0  # blocks encoded for this row now
-
-
-@dataclass
-class IndexSummary:
-    """What :func:`run_index` did."""
-
-    indexed: int = 0
-    cached: int = 0
-    failed: int = 0
-    blocks: int = 0  # blocks encoded (forward passes' worth)
-    seconds: float = 0.0
-    errors: list[str] = field(default_factory=list)
-
-    def add(self, result: RowResult) -> None:
-        if result.status == "indexed":
-            self.indexed += 1
-        elif result.status == "cached":
-            self.cached += 1
-        else:
-            self.failed += 1
-            if result.error is not None:
-                self.errors.append(result.error)
-        self.blocks += result.blocks
-
-    def line(self, cache_dir: str | Path) -> str:
-        return (
-            f"rag-opt index: indexed {self.indexed}, skipped-cached {self.cached}, failed {self.failed} "
-            f"({self.blocks} blocks encoded in {self.seconds:.1f} s into {cache_dir})"
-        )
-
-
-# -- rows ---------------------------------------------------------------------------------------------------------
-def parse_row(raw: bytes | str, line: int) -> dict[str, Any]:
-    """One input line as a document ``{"text", "title"?, "metadata"?}`` (the fields the encoding reads); raises
-    :class:`~rag_opt.cli.common.UserError` (``line N: why``) for a row that cannot be indexed."""
-    where = f"line {line}"
-    if isinstance(raw, bytes):
-        try:
-            raw = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise UserError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    try:
-        rec = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-    if isinstance(rec, str):
-        rec = {"text": rec}
-    if not isinstance(rec, dict):
-        raise UserError(f"{where}: expected a JSON object with a 'text' field or a string")
-    text = rec.get("text", rec.get("page_content"))
-    if not isinstance(text, str):
-        raise UserError(f"{where}: missing string field 'text'")
-    if not text.strip():
-        raise UserError(f"{where}: the document's text is empty")
-    doc: dict[str, Any] = {"text": text}
-    for key in ("title", "metadata"):
-        if rec.get(key) is not None:
-            doc[key] = rec[key]
-    return doc
-
-
-def _lines(path: str) -> Iterator[tuple[int, bytes]]:
-    """(line number, bytes) of every non-blank line of ``path`` (``-``: standard input)."""
-    fh = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115 - closed below
-    try:
-        for n, raw in enumerate(fh, start=1):
-            if raw.strip():
-                yield n, raw.rstrip(b"\r\n")
-    finally:
-        if fh is not sys.stdin.buffer:
-            fh.close()
-
-
-def _count_rows(path: str) -> int | None:
-    if path == "-":
-        return None
-    with open(path, "rb") as fh:
-        return sum(1 for raw in fh if raw.strip())
 
 
 # -- the indexer --------------------------------------------------------------------------------------------------
@@ -278,21 +186,6 @@ def _uncounted(text: str) -> int:
 
 
 # -- running ------------------------------------------------------------------------------------------------------
-def _batches(path: str, size: int, failed: list[RowResult]) -> Iterator[list[tuple[int, dict[str, Any]]]]:
-    """Batches of ``size`` parsed rows; rows that cannot be parsed are appended to ``failed``."""
-    batch: list[tuple[int, dict[str, Any]]] = []
-    for line, raw in _lines(path):
-        try:
-            batch.append((line, parse_row(raw, line)))
-        except UserError as exc:
-            failed.append(RowResult(line, "failed", str(exc)))
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def run_index(
     input: str,
     cache_dir: str | Path,
@@ -315,7 +208,7 @@ def run_index(
     name = "<stdin>" if input == "-" else input
     t0 = time.perf_counter()
     summary = IndexSummary()
-    with logging_redirect_tqdm(), tqdm(total=_count_rows(input), unit="doc", disable=not progress) as bar:
+    with logging_redirect_tqdm(), tqdm(total=count_rows(input), unit="doc", disable=not progress) as bar:
 
         def tally(results: Sequence[RowResult]) -> None:
             for r in results:
@@ -329,7 +222,7 @@ def run_index(
         else:
             indexer = DocumentIndexer(cache_dir, **options)
             failed: list[RowResult] = []
-            for rows in _batches(input, batch, failed):
+            for rows in batches(input, batch, failed):
                 tally(failed)
                 failed.clear()
                 tally(indexer.index_rows(rows))
@@ -382,7 +275,7 @@ def _run_on_ray(
     failed: list[RowResult] = []
     items = [
         {"line": line, "record": json.dumps(doc, ensure_ascii=False)}
-        for rows in _batches(input, batch, failed)
+        for rows in batches(input, batch, failed)
         for line, doc in rows
     ]
     tally(failed)
@@ -393,7 +286,7 @@ def _run_on_ray(
         ray.init(address=ray_address, include_dashboard=False, log_to_driver=True)
     try:
         ds: Any = ray.data.from_items(items)
-        ds = ds.map_batches(
+        ds = ds.mapbatches(
             RayIndexer,
             fn_constructor_kwargs={"cache_dir": str(Path(cache_dir).resolve()), **options},
             batch_size=batch,
@@ -401,7 +294,7 @@ def _run_on_ray(
             compute=ray.data.ActorPoolStrategy(size=actors),
             num_cpus=cpus_per_actor,
         )
-        for out in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        for out in ds.iterbatches(batch_size=None, batch_format="numpy"):
             tally(
                 [
                     RowResult(int(n), str(s), str(e) or None, int(b))  # type: ignore[arg-type]
