@@ -115,7 +115,7 @@ def in_process_sidecar() -> httpx.AsyncClient:
     from rag_opt.server import ProxySettings, create_app
 
     app = create_app(ProxySettings(upstream="http://127.0.0.1:9/v1", warmup=False))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://rag-opt", timeout=120)
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1", timeout=120)
 
 
 async def main(argv: list[str] | None = None) -> dict[str, Any]:

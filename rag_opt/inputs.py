@@ -2,12 +2,33 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from rag_opt.errors import InvalidInputError, InvalidInputTypeError
 from rag_opt.types import TIERS, Budget, Document, DocumentLike, Tier, to_documents
 
-__all__ = ["check_budget", "check_documents", "check_query", "check_tier"]
+__all__ = ["check_budget", "check_documents", "check_query", "check_tier", "has_lone_surrogate"]
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def has_lone_surrogate(value: object) -> bool:
+    """Whether ``value`` (a string, or parsed JSON: lists, dicts and their keys, at any depth) holds a UTF-16
+    surrogate on its own, as a ``\\ud800``-style JSON escape without its pair leaves: not Unicode text, it cannot
+    be encoded as UTF-8."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                return True
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list | tuple):
+            stack.extend(v)
+    return False
 
 
 def check_budget(

@@ -9,18 +9,30 @@ ratio outside (0, 1], ``ratio`` and ``target_tokens`` together) come back as too
 which names the document and the field; a missing argument or one of the wrong type is refused by the MCP SDK with
 its own validation message.
 
+A call is limited as ``rag-opt serve`` limits a request (:class:`~rag_opt.server.settings.ServiceLimits`, the same
+flags and ``RAG_OPT_*`` variables): more than ``max_documents`` documents is refused before anything runs; a
+question over ``max_question_tokens``, a context over ``max_units`` or ``max_proxy_tokens`` stop the optimization
+before its expensive stages; an optimization still running after ``time_budget_ms`` (counted once the proxy model
+is loaded and the call's turn has come) is cancelled at its next checkpoint. Each is a tool error that says
+which limit. A call the client cancels, or one running when the server stops, is cancelled the same way.
+:func:`serve_stdio` answers every line it cannot read with a JSON-RPC error (:mod:`rag_opt.mcp_stdio`) and stops
+at once on SIGTERM or SIGINT.
+
 Needs the ``mcp`` extra (``pip install 'rag-opt[mcp]'``: the ``mcp`` package, version 2).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from rag_opt.errors import ConfigurationError, InvalidInputError, RagOptError
+from rag_opt.errors import Cancelled, ConfigurationError, InvalidInputError, RagOptError, WorkLimitExceeded
+from rag_opt.server.settings import ServiceLimits
+from rag_opt.work import scope
 
 if TYPE_CHECKING:  # pragma: no cover
     from mcp.server.mcpserver import MCPServer
@@ -135,23 +147,76 @@ def _documents_schema() -> dict[str, Any]:
     }
 
 
-def build_server(optimizer: ContextOptimizer, *, name: str = "rag-opt") -> MCPServer:
-    """An MCP server whose ``optimize_context`` tool runs ``optimizer`` (one call at a time)."""
+class _Calls:
+    """Runs the tool's optimizations one at a time under the limits, each cancellable (on its own thread)."""
+
+    def __init__(self, optimizer: ContextOptimizer, limits: ServiceLimits) -> None:
+        self.optimizer = optimizer
+        self.limits = limits
+        self._lock = threading.Lock()  # the proxy model runs one optimization at a time
+
+    def run(
+        self,
+        question: str,
+        documents: list[Any],
+        ratio: float | None,
+        target_tokens: int | None,
+        cancel: threading.Event,
+    ) -> OptimizeContextResult:
+        limits = self.limits
+        if isinstance(documents, list) and len(documents) > limits.max_documents:
+            raise WorkLimitExceeded(
+                f"documents: {len(documents)} documents, more than this server's limit of {limits.max_documents} "
+                "(--max-documents)"
+            )
+        with self._lock:
+            if cancel.is_set():
+                raise Cancelled("the call was cancelled before it started")
+            load = getattr(self.optimizer, "scorer", None)
+            if callable(load):  # the proxy model loads before the time budget starts (once)
+                load()
+            over_time = threading.Event()
+
+            def time_out() -> None:
+                over_time.set()
+                cancel.set()
+
+            timer = threading.Timer(limits.time_budget_s, time_out)
+            timer.daemon = True
+            timer.start()
+            try:
+                with scope(limits=limits.work_limits(), cancel=cancel):
+                    return optimize_context(
+                        self.optimizer, question, documents, ratio=ratio, target_tokens=target_tokens
+                    )
+            except Cancelled:
+                if over_time.is_set():
+                    raise WorkLimitExceeded(
+                        f"the optimization ran past this server's time budget of {limits.time_budget_ms:g} ms "
+                        "(--time-budget-ms); give fewer or shorter documents"
+                    ) from None
+                raise
+            finally:
+                timer.cancel()
+
+
+def build_server(
+    optimizer: ContextOptimizer, *, name: str = "rag-opt", limits: ServiceLimits | None = None
+) -> MCPServer:
+    """An MCP server whose ``optimize_context`` tool runs ``optimizer`` (one call at a time) within ``limits``
+    (default: the defaults of ``rag-opt serve``'s)."""
     try:
         from mcp.server.mcpserver import MCPServer
         from mcp.server.mcpserver.exceptions import ToolError
     except ImportError:
         raise ConfigurationError("the MCP server needs the mcp extra (mcp 2): pip install 'rag-opt[mcp]'") from None
+    import anyio
     import anyio.to_thread
 
     from rag_opt import __version__
 
     server = MCPServer(name, instructions=INSTRUCTIONS, version=__version__)
-    lock = threading.Lock()  # the proxy model runs one optimization at a time
-
-    def run(question: str, documents: list[Any], ratio: float | None, target_tokens: int | None) -> Any:
-        with lock:
-            return optimize_context(optimizer, question, documents, ratio=ratio, target_tokens=target_tokens)
+    calls = _Calls(optimizer, limits if limits is not None else ServiceLimits.from_sources({}, {}))
 
     async def tool(
         question: Annotated[str, Field(description="the question the documents should answer")],
@@ -168,10 +233,16 @@ def build_server(optimizer: ContextOptimizer, *, name: str = "rag-opt") -> MCPSe
             int | None, Field(description="token budget for the kept text (instead of ratio)")
         ] = None,
     ) -> OptimizeContextResult:
+        cancel = threading.Event()
         try:
-            out: OptimizeContextResult = await anyio.to_thread.run_sync(run, question, documents, ratio, target_tokens)
+            out: OptimizeContextResult = await anyio.to_thread.run_sync(
+                calls.run, question, documents, ratio, target_tokens, cancel, abandon_on_cancel=True
+            )
         except RagOptError as exc:
             raise ToolError(str(exc)) from None
+        except anyio.get_cancelled_exc_class():  # the client cancelled the call, or the server is stopping
+            cancel.set()  # the optimization stops at its next checkpoint
+            raise
         logger.info(
             "optimize_context: %d documents, %d -> %d tokens", len(documents), out.tokens_before, out.tokens_after
         )
@@ -181,6 +252,38 @@ def build_server(optimizer: ContextOptimizer, *, name: str = "rag-opt") -> MCPSe
     return server
 
 
-def serve_stdio(optimizer: ContextOptimizer) -> None:
-    """Serve the tool over stdin/stdout until the client closes the connection."""
-    build_server(optimizer).run("stdio")
+def serve_stdio(optimizer: ContextOptimizer, limits: ServiceLimits | None = None) -> int | None:
+    """Serve the tool over stdin/stdout (:mod:`rag_opt.mcp_stdio`) until the client closes the connection (returns
+    None) or the process gets SIGTERM or SIGINT (returns the signal's number, at once: a running optimization is
+    cancelled, not waited for; the caller should exit, as ``rag-opt mcp`` does)."""
+    import anyio
+
+    limits = limits if limits is not None else ServiceLimits.from_sources({}, {})
+    server = build_server(optimizer, limits=limits)
+    result: int | None = anyio.run(_serve, server, limits)
+    return result
+
+
+async def _serve(server: MCPServer, limits: ServiceLimits) -> int | None:
+    import anyio
+
+    from rag_opt.mcp_stdio import stdio_transport
+
+    lowlevel = server._lowlevel_server  # MCPServer.run_stdio_async, on rag-opt's stdin
+    stopped: list[int] = []
+    async with anyio.create_task_group() as tg:
+
+        async def stop_on_signal() -> None:
+            # a handler of its own: also where the process was started with SIGTERM ignored
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    logger.info("got signal %d: stopping", signum)
+                    stopped.append(int(signum))
+                    tg.cancel_scope.cancel()
+                    return
+
+        tg.start_soon(stop_on_signal)
+        async with stdio_transport(limits.max_body_bytes) as (read_stream, write_stream):
+            await lowlevel.run(read_stream, write_stream, lowlevel.create_initialization_options())
+        tg.cancel_scope.cancel()
+    return stopped[0] if stopped else None

@@ -37,7 +37,7 @@ from rag_opt.types import (
     Timings,
     check_ordering,
 )
-from rag_opt.work import check_units, checkpoint
+from rag_opt.work import check_question, check_units, checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.batching import MicroBatcher
@@ -276,6 +276,7 @@ class ContextOptimizer:
             _Job(check_query(q), check_documents(d), tier_, counter) for q, d in zip(queries, documents, strict=True)
         ]
         for job in jobs:  # segment
+            check_question(job.query, counter.count)  # limits (rag_opt.work): a long question is work of its own
             with _timed(job.timings, "segment_ms"):
                 job.units = UnitTable.build(job.docs, counter.count, language_)
             check_units(job.units.n_units)  # limits and cancellation (rag_opt.work): before the expensive stages

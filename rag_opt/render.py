@@ -35,7 +35,8 @@ def render_result(
     out = [_document(units, scores, selection, d) for d in range(units.n_docs)]
     documents = [out[kept[j]] for j in permutation]
     tokens_after = sum(doc.tokens_after for doc in documents)
-    if token_budget is not None and tokens_after > token_budget:  # pragma: no cover - guarded by selection
+    over = selection.over_budget  # a unit kept whole rather than empty the context (selection says so)
+    if token_budget is not None and tokens_after > token_budget + over:  # pragma: no cover - guarded by selection
         raise AssertionError(f"selection exceeded the budget: {tokens_after} > {token_budget}")
     return OptimizeResult(
         query=query,
@@ -44,6 +45,7 @@ def render_result(
         tokens_before=units.tokens_before,
         tokens_after=tokens_after,
         token_budget=token_budget,
+        over_budget=over,
         target_tokenizer=target_tokenizer,
         scorer=scores.method if scores is not None else "none",
         proxy_model=scores.model if scores is not None else None,
@@ -51,7 +53,7 @@ def render_result(
         ordering=ordering,
         tier=tier if scores is not None else "none",  # type: ignore[arg-type]
         timings=timings,
-        warnings=warnings,
+        warnings=[*warnings, *selection.warnings],
         **_reading(scores),
     )
 

@@ -102,7 +102,10 @@ class Budget:
 
 
 class Document(BaseModel):
-    """An input document: its text, an optional id, metadata (preserved untouched) and retriever score."""
+    """An input document: its text, an optional id, metadata (preserved untouched) and retriever score.
+
+    ``required``: never drop the document entirely (e.g. a tool result that is a whole message): it keeps at least
+    its best unit, over the budget when even that does not fit (:attr:`OptimizeResult.over_budget`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -111,6 +114,7 @@ class Document(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     score: float | None = None
     title: str | None = None
+    required: bool = False
 
     @field_validator("score")
     @classmethod
@@ -150,9 +154,9 @@ def _to_document(doc: DocumentLike) -> Document:
     if isinstance(doc, str):
         return Document(text=doc)
     if isinstance(doc, Mapping):
-        unknown = set(doc) - {"text", "id", "metadata", "score", "title", "page_content"}
+        unknown = set(doc) - {"text", "id", "metadata", "score", "title", "required", "page_content"}
         if unknown:
-            raise ValueError(f"unknown field(s) {sorted(unknown)}; expected text, id, metadata, score, title")
+            raise ValueError(f"unknown field(s) {sorted(unknown)}; expected text, id, metadata, score, title, required")
         text = doc.get("text", doc.get("page_content"))
         if not isinstance(text, str):
             raise TypeError(f"'text' must be a string, got {type(text).__name__}")
@@ -169,12 +173,16 @@ def _to_document(doc: DocumentLike) -> Document:
         title = doc.get("title")
         if title is not None and not isinstance(title, str):
             raise TypeError(f"'title' must be a string, got {type(title).__name__}")
+        required = doc.get("required", False)
+        if not isinstance(required, bool):
+            raise TypeError(f"'required' must be true or false, got {type(required).__name__}")
         return Document(
             text=text,
             id=None if doc_id is None else str(doc_id),
             metadata=dict(metadata),
             score=score,
             title=title,
+            required=required,
         )
     page_content = getattr(doc, "page_content", None)
     if isinstance(page_content, str):  # LangChain Document (duck-typed: no hard import)
@@ -188,7 +196,9 @@ def _to_document(doc: DocumentLike) -> Document:
 
 
 class Unit(BaseModel):
-    """A unit of a document: a sentence, a title/heading line or a protected block, with its score."""
+    """A unit of a document: a sentence (or a piece of an overlong one), a title/heading line, or a protected block
+    or one of its pieces (a JSON item, bracket or member key, a table row or header, code lines or a fence), with
+    its score."""
 
     start: int = Field(description="character offset into the original document text (inclusive)")
     end: int = Field(description="character offset (exclusive)")
@@ -205,7 +215,8 @@ class OutputDocument(BaseModel):
     index: int = Field(description="position of the document in the input")
     text: str = Field(
         description="the kept text: kept units verbatim, in original order (one space is inserted between two "
-        "non-adjacent kept spans that would otherwise touch without whitespace)"
+        "non-adjacent kept spans that would otherwise touch without whitespace; in JSON, the comma before the first "
+        "kept item of an array or object is left out)"
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
     title: str | None = None
@@ -239,6 +250,11 @@ class OptimizeResult(BaseModel):
     tokens_before: int
     tokens_after: int
     token_budget: int | None = Field(default=None, description="the target-token budget that was applied")
+    over_budget: int = Field(
+        default=0,
+        description="target tokens kept over token_budget: a unit that did not fit was kept whole rather than "
+        "empty the context (or a required document); see warnings",
+    )
     target_tokenizer: str
     scorer: str = Field(description="'probe', 'raw-attention' or 'none' (no compression requested)")
     proxy_model: str | None = None

@@ -2,8 +2,9 @@
 checkpoints between stages and between forward passes.
 
 A caller that runs :meth:`rag_opt.ContextOptimizer.optimize` on a thread can open a :func:`scope` on that thread
-with :class:`WorkLimits` (units, proxy tokens) and a cancel event. The pipeline then checks the number of units
-after segmentation and the number of proxy tokens before the first forward pass (raising
+with :class:`WorkLimits` (question tokens, units, proxy tokens) and a cancel event. The pipeline then checks the
+question's length before segmentation, the number of units after it and the number of proxy tokens (the context's
+and the question's, once per forward pass it goes into) before the first forward pass (raising
 :class:`~rag_opt.errors.WorkLimitExceeded`), and calls :func:`checkpoint` between its stages and between the
 windows of the proxy model, which raises :class:`~rag_opt.errors.Cancelled` once the event is set. Outside a
 scope nothing is limited and nothing is cancelled. The proxy server (``rag-opt serve``) uses it so that a request
@@ -13,21 +14,35 @@ cannot hold a worker for long after its time budget ran out or its client left.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from rag_opt.errors import Cancelled, WorkLimitExceeded
 
-__all__ = ["WorkLimits", "check_proxy_tokens", "check_units", "checkpoint", "scope"]
+__all__ = [
+    "QUESTION_CHARS_PER_TOKEN",
+    "WorkLimits",
+    "check_proxy_tokens",
+    "check_question",
+    "check_units",
+    "checkpoint",
+    "scope",
+]
+
+# a question longer than this many characters per token of the limit is over it without being counted (natural
+# text has about 4 characters per token): counting a huge question would itself be the work the limit prevents
+QUESTION_CHARS_PER_TOKEN = 32
 
 
 @dataclass(frozen=True)
 class WorkLimits:
-    """Most units (sentences, titles, ...) and proxy-model tokens one optimization may process; None: no limit."""
+    """Most units (sentences, titles, ...), proxy-model tokens and question tokens (the target tokenizer's) one
+    optimization may process; None: no limit."""
 
     max_units: int | None = None
     max_proxy_tokens: int | None = None
+    max_question_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +79,22 @@ def checkpoint() -> None:
     cancel = _current().cancel
     if cancel is not None and cancel.is_set():
         raise Cancelled("the optimization was cancelled: its caller gave up")
+
+
+def check_question(question: str, count: Callable[[str], int]) -> None:
+    """Raise :class:`~rag_opt.errors.WorkLimitExceeded` if ``question`` has more tokens (by ``count``) than the
+    limit in force; one of more than :data:`QUESTION_CHARS_PER_TOKEN` characters per token of the limit is over
+    it without being counted."""
+    limit = _current().limits.max_question_tokens
+    if limit is not None:
+        if len(question) > limit * QUESTION_CHARS_PER_TOKEN:
+            raise WorkLimitExceeded(
+                f"the question has {len(question)} characters, more than the limit of {limit} tokens allows"
+            )
+        n = count(question)
+        if n > limit:
+            raise WorkLimitExceeded(f"the question has {n} tokens, more than the limit of {limit}")
+    checkpoint()
 
 
 def check_units(n: int) -> None:

@@ -38,7 +38,7 @@ def app() -> Iterator[Any]:
     from rag_opt import ContextOptimizer
 
     settings = ProxySettings(
-        upstream="http://127.0.0.1:9/v1", warmup=False, time_budget_ms=86_400_000.0, api_key="s3cret"
+        upstream="http://127.0.0.1:9/v1", warmup=False, time_budget_ms=86_400_000.0, api_key="s3cret-sidecar16"
     )
     application = create_app(settings, optimizer=ContextOptimizer())
     yield application
@@ -64,14 +64,14 @@ def check(out: list[LCDocument], budget_tokens: int) -> None:
 
 
 def test_compressor_sync_over_http(url: str) -> None:
-    comp = SidecarCompressor(url=url, api_key="s3cret", budget={"target_tokens": 120})
+    comp = SidecarCompressor(url=url, api_key="s3cret-sidecar16", budget={"target_tokens": 120})
     check(list(comp.compress_documents(DOCS, EXAMPLE_QUESTION)), 120)
 
 
 async def test_compressor_and_runnable_async_over_http(url: str) -> None:
-    comp = SidecarCompressor(url=url, api_key="s3cret", budget={"target_tokens": 100}, ordering="relevance")
+    comp = SidecarCompressor(url=url, api_key="s3cret-sidecar16", budget={"target_tokens": 100}, ordering="relevance")
     check(list(await comp.acompress_documents(DOCS, EXAMPLE_QUESTION)), 100)
-    runnable = RemoteContextOptimizer(url=url, api_key="s3cret", budget={"target_tokens": 100})
+    runnable = RemoteContextOptimizer(url=url, api_key="s3cret-sidecar16", budget={"target_tokens": 100})
     out = await runnable.ainvoke({"question": EXAMPLE_QUESTION, "documents": DOCS})
     check(out, 100)
     assert [d.page_content for d in runnable.invoke({"question": EXAMPLE_QUESTION, "documents": DOCS})] == [
@@ -84,7 +84,7 @@ def test_refusals_raise_and_failures_fail_open(url: str) -> None:
         SidecarCompressor(url=url, api_key="wrong").compress_documents(DOCS, EXAMPLE_QUESTION)
     assert exc.value.status == 401
     with pytest.raises(SidecarError, match="ISO 639") as exc:
-        SidecarCompressor(url=url, api_key="s3cret", language="??").compress_documents(DOCS, EXAMPLE_QUESTION)
+        SidecarCompressor(url=url, api_key="s3cret-sidecar16", language="??").compress_documents(DOCS, EXAMPLE_QUESTION)
     assert exc.value.status == 400
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -106,7 +106,9 @@ async def test_gateway_middleware_compresses_before_the_llm_call(app: Any) -> No
     example = _example()
     texts = [d.page_content for d in DOCS]
     sidecar = httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://rag-opt", headers={"x-ragopt-api-key": "s3cret"}
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://127.0.0.1",
+        headers={"x-ragopt-api-key": "s3cret-sidecar16"},
     )
     async with sidecar:
         gw = example.gateway(sidecar, budget={"ratio": 0.3})

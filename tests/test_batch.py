@@ -128,36 +128,41 @@ def test_rag_opt_batch_on_a_local_ray_with_two_actors(local_ray, tmp_path, rows,
     monkeypatch.setattr(local_ray.data.Dataset, "map_batches", spy)
     src = tmp_path / "rows.jsonl"
     bad = [json.dumps({"id": "empty", "question": " ", "documents": ["x"]}), '{"id": "broken", "question":']
-    src.write_text("\n".join([json.dumps(r) for r in rows] + bad) + "\n", encoding="utf-8")
+    bad += ['{"id": "lone", "question": "q \\ud800?", "documents": ["x"]}', '{"id": "bytes", "question": "\udcff"}']
+    # one row holds a byte that is not UTF-8, one a lone surrogate: each gets its error, the job goes on
+    src.write_bytes("\n".join([json.dumps(r) for r in rows] + bad).encode("utf-8", "surrogateescape") + b"\n")
     out = tmp_path / "out.parquet"
     argv = ["batch", "-i", str(src), "-o", str(out), "--actors", "2", "--rows-per-part", "2", "--batch-size", "1"]
 
     assert main([*argv, "--ratio", str(RATIO), "--no-progress"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert (summary["rows"], summary["parts"], summary["parts_skipped"], summary["rows_failed"]) == (6, 3, 0, 2)
+    assert (summary["rows"], summary["parts"], summary["parts_skipped"], summary["rows_failed"]) == (8, 4, 0, 4)
     assert [(p.min_size, p.max_size) for p in pools] == [(2, 2)]  # a pool of 2 optimizer actors
     parts = sorted(p.name for p in out.iterdir())
-    assert parts == ["_rag_opt_batch.json", "part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    assert parts == ["_rag_opt_batch.json", *[f"part-0000{k}.parquet" for k in range(4)]]
     got = pds.dataset(out).to_table().to_pylist()
-    assert [g["row"] for g in got] == list(range(6))
-    assert [g["id"] for g in got] == [r["id"] for r in rows] + ["empty", None]  # the broken line has no id
+    assert [g["row"] for g in got] == list(range(8))
+    assert [g["id"] for g in got] == [r["id"] for r in rows] + ["empty", None, None, None]  # unreadable: no id
     for g, want in zip(got[:4], expected, strict=True):
         _assert_same(g, want)  # row by row, exactly what optimize() gives
     assert got[4]["error"] == "query is empty"
     assert got[5]["error"].startswith("line 6: invalid JSON")
+    assert got[6]["error"].startswith("line 7: holds a lone UTF-16 surrogate")
+    assert got[7]["error"] == "line 8: not UTF-8 text (invalid start byte at byte 29)"
 
     # resumable: the parts already written are skipped, a missing one is computed again
-    mtimes = {p: (out / p).stat().st_mtime_ns for p in ("part-00000.parquet", "part-00002.parquet")}
+    kept = ("part-00000.parquet", "part-00002.parquet", "part-00003.parquet")
+    mtimes = {p: (out / p).stat().st_mtime_ns for p in kept}
     before = pds.dataset(out / "part-00001.parquet").to_table()
     os.remove(out / "part-00001.parquet")
     assert main([*argv, "--ratio", str(RATIO), "--no-progress"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert (summary["parts_skipped"], summary["rows_optimized"]) == (2, 2)
+    assert (summary["parts_skipped"], summary["rows_optimized"]) == (3, 2)
     assert {p: (out / p).stat().st_mtime_ns for p in mtimes} == mtimes
     assert pds.dataset(out / "part-00001.parquet").to_table().equals(before)
 
     # nothing left to do; another budget is another run, refused for this folder
     assert main([*argv, "--ratio", str(RATIO), "--no-progress"]) == 0
-    assert json.loads(capsys.readouterr().out)["parts_skipped"] == 3 and len(pools) == 2
+    assert json.loads(capsys.readouterr().out)["parts_skipped"] == 4 and len(pools) == 2
     assert main([*argv, "--ratio", "0.5"]) == 2
     assert "holds parts of another run (different settings)" in capsys.readouterr().err

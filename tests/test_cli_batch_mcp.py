@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -53,3 +54,83 @@ def test_batch_input_errors_exit_with_status_2(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["batch", "-i", str(tmp_path / "rows.jsonl"), "-o", out, "--actors", "0"])
     assert "expected an integer >= 1" in capsys.readouterr().err
+
+
+def _bad_rows(tmp_path):
+    """A JSONL file with good rows around one invalid UTF-8 byte, one lone surrogate and a surrogate pair."""
+    good = '{"id": "a", "question": "q?", "documents": ["Some text."]}\n'
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(
+        good.encode()
+        + b'{"id": "b", "question": "q?", "documents": ["bad \xff byte"]}\n'
+        + b'{"id": "c", "question": "q \\ud800?", "documents": ["x"]}\n'
+        + b'{"id": "d", "question": "q?", "documents": [{"text": "a pair \\ud83d\\ude00 is fine"}]}\n'
+        + b'{"id": "e\\udfff", "question": "q?", "documents": ["x"]}\n'
+        + good.replace('"a"', '"f"').encode()
+    )
+    return path
+
+
+def test_batch_rows_not_utf8_or_with_a_lone_surrogate_get_their_own_error(tmp_path):
+    from rag_opt.batch.job import jsonl_columns
+
+    cols = jsonl_columns(_bad_rows(tmp_path))
+    assert cols["row"] == [0, 1, 2, 3, 4, 5]
+    assert cols["id"] == ["a", None, None, "d", None, "f"]
+    errors = cols["error"]
+    assert errors[0] is None and errors[3] is None and errors[5] is None
+    assert errors[1] == "line 2: not UTF-8 text (invalid start byte at byte 49)"
+    for i in (2, 4):
+        assert errors[i] == (
+            f"line {i + 1}: holds a lone UTF-16 surrogate (a \\ud800-style escape without its pair), which is not "
+            "Unicode text"
+        )
+    assert json.loads(cols["documents"][3]) == [{"text": "a pair \U0001f600 is fine"}]
+    for value in cols["id"] + cols["question"] + cols["documents"] + errors:  # every value can be written out
+        assert value is None or value.encode("utf-8")
+
+
+def test_batch_reads_bad_rows_into_an_arrow_table(tmp_path):
+    pa = pytest.importorskip("pyarrow", reason="pyarrow (from the ray extra) is not installed")
+    import pyarrow.parquet as pq
+
+    from rag_opt.batch.job import read_rows
+
+    table = read_rows(_bad_rows(tmp_path))  # before: UnicodeDecodeError / UnicodeEncodeError, the job died
+    assert table.num_rows == 6
+    assert [e is None for e in table.column("error").to_pylist()] == [True, False, False, True, False, True]
+    # Parquet input with a binary question column: the row that is not UTF-8 gets its error
+    binary = tmp_path / "rows.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "question": pa.array([b"q?", b"bad \xff", b"q?"], pa.binary()),
+                "documents": pa.array([b'["a."]', b'["b."]', b'["c \xfe"]'], pa.binary()),
+                "id": pa.array([b"1", b"2\xff", b"3"], pa.binary()),
+            }
+        ),
+        binary,
+    )
+    table = read_rows(binary)
+    assert table.column("error").to_pylist() == [
+        None,
+        "row 2: 'question' is not UTF-8 text (invalid start byte at byte 4)",
+        "row 3: 'documents' is not UTF-8 text (invalid start byte at byte 4)",
+    ]
+    assert table.column("id").to_pylist() == ["1", "2\ufffd", "3"]
+
+
+def test_mcp_limits_are_the_servers_settings(capsys):
+    from rag_opt.server.settings import SERVICE_LIMITS, ProxySettings, ServiceLimits
+
+    with pytest.raises(SystemExit):
+        main(["mcp", "--help"])
+    out = capsys.readouterr().out
+    for name in SERVICE_LIMITS:
+        assert "--" + name.replace("_", "-") in out
+    defaults = ProxySettings(upstream="http://x/v1")
+    assert ServiceLimits.from_sources({}, {}) == ServiceLimits.of(defaults)
+    limits = ServiceLimits.from_sources({"max_documents": 5}, {"RAG_OPT_TIME_BUDGET_MS": "500", "RAG_OPT_RATIO": "x"})
+    assert (limits.max_documents, limits.time_budget_ms) == (5, 500.0)  # only the limits' variables are read
+    with pytest.raises(ValueError, match="max_question_tokens"):
+        ServiceLimits.from_sources({}, {"RAG_OPT_MAX_QUESTION_TOKENS": "0"})

@@ -147,3 +147,24 @@ def test_a_probe_with_cross_document_attention_trains_on_its_own_cache_and_runs(
     plain = extract(proxy, units, ex["question"], layers=4)
     with pytest.raises(ProbeMismatchError, match="cross_doc"):
         build_features(probe.layout, plain, ex["question"], table)
+
+
+@pytest.mark.model
+def test_train_probe_cached_only_trains_on_what_is_cached_and_extracts_nothing(tmp_path, capsys):
+    from rag_opt.cli import main
+    from rag_opt.models.loader import load_proxy_model
+    from rag_opt.training.sentence_probe import feature_store
+    from tests.helpers import data_path
+
+    data = data_path("hotpotqa", "train.jsonl.gz")
+    out = tmp_path / "probe.json"
+    base = ["train-probe", "--data", str(data), "--out", str(out), "--cache", str(tmp_path / "c")]
+    base += ["--encoding", "parallel", "--layers", "2", "--context", "none"]
+    assert main([*base, "--cached-only"]) != 0
+    assert "no cached features" in capsys.readouterr().err
+    assert main([*base, "--limit", "4"]) == 0  # an extraction that stopped after 4 questions
+    cache = feature_store(tmp_path / "c", load_proxy_model(), "train", 2, "parallel").target
+    shards = cache.shards()
+    assert main([*base, "--limit", "8", "--cached-only"]) == 0
+    assert cache.shards() == shards and len(cache.ids()) == 4  # nothing extracted
+    assert "4 questions" in Probe.load(out).metadata["trained_on"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -129,11 +131,40 @@ def test_keep_first_and_keep_best_per_doc_guarantee_one_unit_per_document_while_
     assert first.keep[[0, 3, 5]].all()  # each document's first sentence
 
 
-def test_no_budget_keeps_everything_and_a_zero_budget_keeps_nothing() -> None:
+def test_no_budget_keeps_everything_and_a_budget_too_small_for_any_unit_keeps_the_best_one_and_says_so() -> None:
     units = _table(to_documents([{"title": "T", "text": "One. Two."}, "Three."]))
     scores = np.array([0.0, 0.5, 0.4, 0.3])
     everything = select(units, scores, COUNT)
     assert everything.keep.all() and everything.kept_docs == [0, 1]
-    assert everything.texts == ("One. Two.", "Three.")
-    nothing = select(units, scores, COUNT, limit=0)
-    assert not nothing.keep.any() and nothing.kept_docs == [] and nothing.tokens_after.sum() == 0
+    assert everything.texts == ("One. Two.", "Three.") and everything.over_budget == 0
+    # nothing fits: the context is not emptied, its best unit (with its title) is kept whole, over the budget
+    least = select(units, scores, COUNT, limit=0)
+    assert least.keep.tolist() == [True, True, False, False] and least.kept_docs == [0]
+    assert least.over_budget == int(least.tokens_after.sum()) > 0
+    assert least.warnings and "over the budget" in least.warnings[0]
+    # nothing reaches the threshold: the same, with no budget to be over
+    low = select(units, scores, COUNT, threshold=0.9)
+    assert low.kept_docs == [0] and low.keep[1] and low.over_budget == 0 and "threshold" in low.warnings[0]
+
+
+def test_a_required_document_keeps_its_best_unit_and_the_others_fill_what_is_left() -> None:
+    docs = to_documents(["Alpha one. Alpha two.", {"text": "Beta one. Beta two.", "required": True}])
+    units = _table(docs)
+    scores = np.array([0.9, 0.8, 0.1, 0.2])  # the required document scores lowest
+    sel = select(units, scores, COUNT, limit=int(units.tokens[0] + units.tokens[3]))
+    assert sel.keep.tolist() == [True, False, False, True] and sel.over_budget == 0  # its best (row 3) first
+    tight = select(units, scores, COUNT, limit=1)  # nothing fits: the required unit still stays, over the budget
+    assert tight.keep.tolist() == [False, False, False, True] and tight.over_budget == int(tight.tokens_after.sum()) - 1
+
+
+def test_structured_rows_are_kept_with_their_brackets_and_header() -> None:
+    records = [{"id": i, "name": f"item {i}", "price": i * 1.5} for i in range(40)]
+    csv_text = "id,name,price\n" + "".join(f"{i},item {i},{i * 1.5}\n" for i in range(40))
+    units = _table(to_documents([json.dumps(records, indent=2), csv_text]))
+    rows = {d: [r for r in units.rows(d) if units.candidate[r]] for d in (0, 1)}
+    assert len(rows[0]) == 40 and len(rows[1]) == 40  # one unit per record and per row
+    scores = np.zeros(units.n_units)
+    scores[rows[0][17]] = scores[rows[1][17]] = 1.0
+    sel = select(units, scores, COUNT, limit=int(units.tokens[rows[0][17]] + units.tokens[rows[1][17]]) + 12)
+    assert json.loads(sel.texts[0]) == [records[17]]
+    assert sel.texts[1] == "id,name,price\n17,item 17,25.5\n"

@@ -489,7 +489,7 @@ def test_the_proxy_key_never_reaches_the_upstream_in_another_header(upstream, na
 def test_partial_headers_trickled_forever_are_closed_with_a_408(upstream):
     with serve_proxy(upstream[1], Spy(), header_timeout=0.5) as (url, _):
         with socket.create_connection(("127.0.0.1", _port(url)), timeout=WAIT_S) as sock:
-            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
             deadline = time.monotonic() + WAIT_S
             try:  # a slowloris: one more header byte every 50 ms, never the end of the headers
                 while time.monotonic() < deadline:
@@ -509,9 +509,9 @@ def test_partial_headers_trickled_forever_are_closed_with_a_408(upstream):
 @pytest.mark.parametrize(
     "head",
     [
-        b'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"model',
-        b'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{"mod\r\n',
-        b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{",
+        b'POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{"model',
+        b'POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{"mod\r\n',
+        b"POST /v1/embeddings HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{",
     ],
     ids=["short-body", "endless-chunks", "passthrough"],
 )
@@ -648,7 +648,8 @@ def test_transfer_encoding_with_content_length_is_refused_and_the_connection_clo
     fake = upstream[0]
     body = chat("hi")
     chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    head += b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n"
     with serve_proxy(upstream[1], Spy()) as (url, _):
         n = len(fake.requests)
         r = exchange(url, head + chunked)

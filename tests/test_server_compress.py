@@ -54,7 +54,7 @@ def make_client() -> Iterator[Any]:
         values = {"upstream": "http://127.0.0.1:9/v1", "time_budget_ms": UNLIMITED_MS, "warmup": False}
         app = create_app(ProxySettings(**{**values, **settings}), optimizer=optimizer)
         apps.append(app)
-        return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://rag-opt")
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1")
 
     yield make
     for app in apps:
@@ -160,14 +160,16 @@ async def test_compress_fails_open_with_the_documents_as_sent(make_client: Any) 
 
 
 async def test_compress_needs_the_proxy_key_and_respects_the_body_limit(make_client: Any) -> None:
-    async with make_client(Raising(), api_key="k3y", max_body_bytes=2000) as c:
+    async with make_client(Raising(), api_key="k3y-compress-016", max_body_bytes=2000) as c:
         r = await c.post("/v1/compress", json={"question": "q?", "documents": ["a."]})
         assert r.status_code == 401
         r = await c.post(
-            "/v1/compress", json={"question": "q?", "documents": ["a." * 2000]}, headers={"x-ragopt-api-key": "k3y"}
+            "/v1/compress",
+            json={"question": "q?", "documents": ["a." * 2000]},
+            headers={"x-ragopt-api-key": "k3y-compress-016"},
         )
         assert r.status_code == 413
-        r = await c.get("/stats", headers={"authorization": "Bearer k3y"})
+        r = await c.get("/stats", headers={"authorization": "Bearer k3y-compress-016"})
         assert r.status_code == 200
 
 

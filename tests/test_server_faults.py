@@ -699,8 +699,8 @@ def test_awkward_documents_through_the_proxy(upstream):
 @pytest.mark.model
 def test_a_document_longer_than_the_proxy_window_is_optimized_through_the_proxy(upstream, caplog):
     """The real embedded model; one document of ~3 windows (2048 proxy tokens each) plus a short one: the long
-    one is scored in windows (split between its sentences). Then a single sentence longer than a window: it gets
-    a window of its own, with a warning."""
+    one is scored in windows (split between its sentences). Then a single sentence longer than a window: it is cut
+    into units of bounded length (no window of its own), and its most relevant pieces are kept."""
     from rag_opt import ContextOptimizer
 
     fake = upstream[0]
@@ -724,7 +724,9 @@ def test_a_document_longer_than_the_proxy_window_is_optimized_through_the_proxy(
         content = f"<document>{one_sentence}.</document>\n<document>{short}</document>\n\n{QUESTION}"
         r = post(url, json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]}).encode(), None)
         assert r.status_code == 200 and r.headers["x-ragopt-status"] == "optimized"
-        assert int(r.headers["x-ragopt-tokens-after"]) <= 300
-        assert "exceeds the window" in caplog.text
+        assert 0 < int(r.headers["x-ragopt-tokens-after"]) <= 300 and "x-ragopt-over-budget" not in r.headers
+        assert "exceeds the window" not in caplog.text
         got = fake.last().json()["messages"][0]["content"]
-        assert got.endswith(f"\n\n{QUESTION}") and one_sentence not in got  # too big for the budget: dropped
+        assert got.endswith(f"\n\n{QUESTION}") and one_sentence not in got  # too big for the budget: cut
+        kept = re.findall(r"<document>(.*?)</document>", got, flags=re.S)
+        assert any(pieces_in_order(text, one_sentence + ".") for text in kept)  # pieces of it, verbatim

@@ -232,3 +232,88 @@ def test_import_has_no_side_effects(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert not (tmp_path / "cache").exists()
+
+
+# -- the cache: normalised names, bounded, no lock across a load ------------------------------------------------
+def _tiny_hf_tokenizer(folder: Path) -> Path:
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0, "hello": 1}, unk_token="[UNK]"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]").save_pretrained(folder)
+    return folder
+
+
+def test_spellings_of_one_hf_folder_share_one_counter(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, offline: Path
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = _tiny_hf_tokenizer(tmp_path / "tok")
+    (tmp_path / "link").symlink_to(folder)
+    monkeypatch.chdir(tmp_path)
+    spellings = [
+        f"hf:{folder}",
+        f"hf:{folder}/",
+        f"hf:{folder}/./",
+        f"hf:{folder}/../tok",
+        f"hf: {folder} ",
+        "hf:./tok",
+        "hf:tok",
+        f"hf:{tmp_path}/link",
+    ]
+    counters = [get_token_counter(s) for s in spellings]
+    assert all(c is counters[0] for c in counters)
+    assert get_token_counter.cache_info().currsize == 1
+
+
+def test_model_names_of_one_encoding_share_one_counter(offline: Path) -> None:
+    names = ["gpt-4", "gpt-3.5-turbo", "openai/gpt-4", "cl100k_base", " cl100k_base "]
+    assert all(get_token_counter(n) is get_token_counter("cl100k_base") for n in names)
+    # unknown names all count with o200k_base: one counter, however many (and however long) the names
+    for i in range(50):
+        assert get_token_counter(f"model-{i}-" + "x" * 100_000).name == "o200k_base"
+    assert get_token_counter.cache_info().currsize == 2
+
+
+def test_the_cache_is_bounded_least_recently_used_first(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, offline: Path
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(get_token_counter, "maxsize", 3, raising=False)
+    folders = [_tiny_hf_tokenizer(tmp_path / f"tok{i}") for i in range(5)]
+    first = get_token_counter(f"hf:{folders[0]}")
+    for folder in folders[1:]:
+        get_token_counter(f"hf:{folder}")
+        assert get_token_counter.cache_info().currsize <= 3
+    assert get_token_counter(f"hf:{folders[0]}") is not first  # evicted, loaded again
+    pinned = get_token_counter.pin(f"hf:{folders[1]}")
+    for folder in folders:
+        get_token_counter(f"hf:{folder}")
+    assert get_token_counter(f"hf:{folders[1]}") is pinned  # pinned: kept past the bound
+
+
+def test_a_slow_load_does_not_block_other_names(monkeypatch: pytest.MonkeyPatch, offline: Path) -> None:
+    release = threading.Event()
+    started = threading.Event()
+    build = tokens._build_counter
+
+    def slow_for_hf(key: str) -> TokenCounter:
+        if key.startswith("hf:"):  # a tokenizer fetched from a slow hub
+            started.set()
+            release.wait(60)
+            raise ValueError("the hub did not answer")
+        return build(key)
+
+    monkeypatch.setattr(tokens, "_build_counter", slow_for_hf)
+    slow = threading.Thread(target=lambda: pytest.raises(ValueError, get_token_counter, "hf:org/slow"), daemon=True)
+    slow.start()
+    assert started.wait(30)
+    other: list[int] = []
+    fast = threading.Thread(target=lambda: other.append(get_token_counter("cl100k_base").count("hi")), daemon=True)
+    fast.start()
+    fast.join(30)  # a hang guard: before the fix the global build lock kept it waiting for the slow load
+    try:
+        assert not fast.is_alive() and other == [1]
+    finally:
+        release.set()
+        slow.join(30)

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -16,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from rag_opt.batch.optimizer import BatchOptimizer, pyarrow_module
 from rag_opt.errors import ConfigurationError, InvalidInputError
+from rag_opt.inputs import has_lone_surrogate
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
 
-__all__ = ["MANIFEST", "BatchSummary", "read_rows", "run_batch", "summary_dict"]
+__all__ = ["MANIFEST", "BatchSummary", "jsonl_columns", "read_rows", "run_batch", "summary_dict"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,15 +80,18 @@ def _output_schema() -> pa.Schema:
 def _id_text(value: Any) -> str | None:
     if value is None or isinstance(value, str):
         return value
-    return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, bytes):  # a Parquet binary column: shown, whatever its bytes
+        return value.decode("utf-8", "replace")
+    return json.dumps(value, ensure_ascii=False, default=str)
 
 
 def read_rows(path: str | Path) -> pa.Table:
     """The rows of a JSONL or Parquet file as a table (``row``, ``id``, ``question``, ``documents``, ``error``).
 
     JSONL: one object per non-blank line with ``question`` and ``documents`` (and optionally ``id``); a line that
-    is not valid JSON, not an object, or has no string ``question`` or no ``documents`` becomes a row with its
-    ``error`` set (with the line number), so the job reports it and goes on. ``documents`` is carried as JSON
+    is not UTF-8 text or not valid JSON, is not an object, holds a lone UTF-16 surrogate, or has no string
+    ``question`` or no ``documents`` becomes a row with its ``error`` set (with the line number), so the job
+    reports it and goes on (:func:`jsonl_columns`). ``documents`` is carried as JSON
     text (rows may give documents of different shapes). Parquet: the ``question`` and ``documents`` columns (and
     ``id`` if present) as they are.
     """
@@ -98,12 +103,26 @@ def read_rows(path: str | Path) -> pa.Table:
         return _read_parquet(p)
     if p.suffix not in (".jsonl", ".json", ".ndjson"):
         raise InvalidInputError(f"input must be a .jsonl or .parquet file, got {p.name}")
+    cols = jsonl_columns(p)
+    if not cols["row"]:
+        raise InvalidInputError(f"{path} holds no rows")
+    return pa.Table.from_pydict(cols, schema=_input_schema())
+
+
+def jsonl_columns(path: str | Path) -> dict[str, list[Any]]:
+    """The rows of a JSONL file as columns (``row``, ``id``, ``question``, ``documents`` as JSON text, ``error``).
+
+    A line that cannot be a row becomes a row with its ``error`` set (``line N: why``) and the job goes on: not
+    UTF-8 text, not valid JSON, not an object, a lone UTF-16 surrogate (a ``\\ud800``-style escape without its
+    pair: not Unicode text, so it cannot be optimized or written to Parquet), no string ``question`` or no
+    ``documents``.
+    """
     cols: dict[str, list[Any]] = {"row": [], "id": [], "question": [], "documents": [], "error": []}
-    with p.open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, start=1):
-            if not line.strip():
+    with Path(path).open("rb") as fh:
+        for line_no, raw in enumerate(fh, start=1):
+            if not raw.strip():
                 continue
-            rec, error = _parse_line(line, line_no)
+            rec, error = _parse_line(raw, line_no)
             cols["row"].append(len(cols["row"]))
             cols["id"].append(_id_text(rec.get("id")) if rec else None)
             question = rec.get("question") if rec else None
@@ -117,18 +136,31 @@ def read_rows(path: str | Path) -> pa.Table:
             cols["question"].append(question if isinstance(question, str) else None)
             cols["documents"].append(None if docs is None else json.dumps(docs, ensure_ascii=False))
             cols["error"].append(error)
-    if not cols["row"]:
-        raise InvalidInputError(f"{path} holds no rows")
-    return pa.Table.from_pydict(cols, schema=_input_schema())
+    return cols
 
 
-def _parse_line(line: str, line_no: int) -> tuple[dict[str, Any] | None, str | None]:
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # the JSON escape of a UTF-16 surrogate (paired or not)
+
+
+def _parse_line(raw: bytes, line_no: int) -> tuple[dict[str, Any] | None, str | None]:
+    where = f"line {line_no}"
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})"
     try:
         rec = json.loads(line)
     except json.JSONDecodeError as exc:
-        return None, f"line {line_no}: invalid JSON ({exc.msg} at column {exc.colno})"
+        return None, f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"
+    except RecursionError:
+        return None, f"{where}: invalid JSON (nested too deeply)"
     if not isinstance(rec, dict):
-        return None, f"line {line_no}: expected a JSON object with 'question' and 'documents'"
+        return None, f"{where}: expected a JSON object with 'question' and 'documents'"
+    if _SURROGATE_ESCAPE.search(line) and has_lone_surrogate(rec):  # a pair is one character: fine
+        return None, (
+            f"{where}: holds a lone UTF-16 surrogate (a \\ud800-style escape without its pair), which is not "
+            "Unicode text"
+        )
     return rec, None
 
 
@@ -143,16 +175,43 @@ def _read_parquet(path: Path) -> pa.Table:
     if table.num_rows == 0:
         raise InvalidInputError(f"{path} holds no rows")
     ids = table.column("id").to_pylist() if "id" in table.column_names else [None] * table.num_rows
+    errors: list[str | None] = [None] * table.num_rows
+    question = _text_column(table.column("question"), "question", errors)
+    documents = table.column("documents")
+    if _is_binary(documents.type):  # documents as JSON bytes
+        documents = _text_column(documents, "documents", errors)
     return pa.Table.from_arrays(
         [
             pa.array(range(table.num_rows), pa.int64()),
             pa.array([_id_text(v) for v in ids], pa.string()),
-            table.column("question").cast(pa.string()),
-            table.column("documents"),
-            pa.nulls(table.num_rows, pa.string()),
+            question,
+            documents,
+            pa.array(errors, pa.string()),
         ],
         names=["row", "id", "question", "documents", "error"],
     )
+
+
+def _is_binary(type_: Any) -> bool:
+    pa = pyarrow_module()
+    return bool(pa.types.is_binary(type_) or pa.types.is_large_binary(type_))
+
+
+def _text_column(column: Any, name: str, errors: list[str | None]) -> Any:
+    """``column`` as strings; a binary one decoded row by row, a row that is not UTF-8 text getting its error
+    (``row N: ...``) instead of failing the whole job."""
+    pa = pyarrow_module()
+    if not _is_binary(column.type):
+        return column.cast(pa.string())
+    values: list[str | None] = []
+    for i, value in enumerate(column.to_pylist()):
+        try:
+            values.append(None if value is None else value.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            values.append(None)
+            if errors[i] is None:
+                errors[i] = f"row {i + 1}: '{name}' is not UTF-8 text ({exc.reason} at byte {exc.start})"
+    return pa.array(values, pa.string())
 
 
 def _check_manifest(out: Path, manifest: dict[str, Any]) -> None:

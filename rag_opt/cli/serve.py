@@ -61,6 +61,12 @@ def _serve(args: argparse.Namespace) -> int:
             "(with your --upstream-api-key, if set)",
             settings.host,
         )
+    if settings.host not in _LOOPBACK and settings.allowed_hosts is None:
+        logger.info(
+            "requests must name this proxy in their Host header by an IP address%s: list the host names clients "
+            "use with --allowed-hosts (DNS rebinding guard)",
+            "" if settings.host in ("0.0.0.0", "::") else f" ({settings.host})",
+        )
     if settings.log_bodies:
         logger.warning("--log-bodies: request and response bodies are logged (credentials redacted)")
     # rag-opt's connection layer (read timeouts, connection limit), its own access log (no query strings), idle

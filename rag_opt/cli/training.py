@@ -34,6 +34,12 @@ def register(sub: Any) -> None:
         help="also learn from the answer sentences of this many NQ train contexts of 10 documents (default 0)",
     )
     p.add_argument("--nq-data", default=None, help="NQ multi-doc JSONL(.gz) (default ../shared/data/nq_multidoc)")
+    p.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="extract nothing: train on the HotpotQA questions (of the first --limit) whose features are cached "
+        "already, e.g. while a long extraction is still running (missing NQ contexts are still extracted)",
+    )
     p.set_defaults(handler=_train_probe)
 
     p = sub.add_parser("train-doc-probe", help="train the document relevance probe on NQ (its train split)")
@@ -215,6 +221,7 @@ def _train_probe(args: argparse.Namespace) -> int:
         nq_data=_data(args.nq_data, "nq_multidoc", "public.jsonl.gz") if args.nq else None,
         nq_limit=args.nq,
         encoding=args.encoding,
+        cached_only=args.cached_only,
     )
     return 0
 

@@ -31,6 +31,16 @@ def reversed_documents(units: UnitTable) -> tuple[UnitTable, np.ndarray]:
     def pick(values: tuple[object, ...]) -> tuple[object, ...]:
         return tuple(values[::-1]) if values else values
 
+    new_row = np.empty(len(rows), dtype=np.int64)
+    new_row[rows] = np.arange(len(rows))
+
+    def moved(links: np.ndarray | None) -> np.ndarray | None:
+        """A column of row links (-1: none) with its rows and the rows it points to moved."""
+        if links is None:
+            return None
+        taken = links[rows]
+        return np.where(taken >= 0, new_row[np.maximum(taken, 0)], -1).astype(np.int64)
+
     table = replace(
         units,
         doc=(n - 1 - units.doc[rows]).astype(np.int64),
@@ -44,6 +54,9 @@ def reversed_documents(units: UnitTable) -> tuple[UnitTable, np.ndarray]:
         titles=pick(units.titles),  # type: ignore[arg-type]
         title_tokens=None if units.title_tokens is None else units.title_tokens[::-1].copy(),
         text_tokens=None if units.text_tokens is None else units.text_tokens[::-1].copy(),
+        parent=moved(units.parent),
+        closer=moved(units.closer),
+        comma=None if units.comma is None else units.comma[rows],
     )
     return table, rows
 

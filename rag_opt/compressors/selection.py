@@ -3,17 +3,22 @@
 Pure logic over the unit table and its scores, independent of how scores were made, so every scorer (probe,
 raw attention, BM25, embeddings, random, lead) is compared under exactly the same selection rule.
 
-Rule: candidate units are taken best score first (ties: earlier first); a unit whose cost does not fit is
-skipped and the next ones are tried, so the budget is filled as fully as possible without ever exceeding it.
-The cost of a unit includes the header rows it needs (its document's title and the nearest heading before it)
-the first time one of them is needed. Headers are never kept on their own. Protected blocks are ordinary units:
-kept or dropped whole. Because BPE merges across unit boundaries can change counts, the kept text of each
-document is then rendered and counted, and the lowest-scoring kept unit is dropped until the rendered
-documents fit (only the document that changed is counted again). Unit counts overestimate what a unit adds to
-rendered text (a sentence's trailing space merges into the next sentence's first token), so the rendered
+Rule: candidate units are taken best score first (ties: earlier first); a unit whose cost does not fit is skipped
+and the next ones are tried, so the budget is filled as fully as possible without exceeding it (but see below). The
+cost of a unit includes the header rows it needs (its document's title, the nearest heading before it, and the
+openers and closers of the structured block around it: JSON brackets, a table's header, code fences) the first time
+one of them is needed. Headers are never kept on their own. Protected blocks are ordinary units, cut at their own
+grain when large (:mod:`rag_opt.text.structure`). Because BPE merges across unit boundaries can change counts, the
+kept text of each document is then rendered and counted, and the lowest-scoring kept unit is dropped until the
+rendered documents fit (only the document that changed is counted again). Unit counts overestimate what a unit adds
+to rendered text (a sentence's trailing space merges into the next sentence's first token), so the rendered
 documents usually end a little under the budget: a last *fill* pass tries the remaining units, best first, whose
 counted cost fits the slack (a one-token allowance per unit), and keeps each one whose document, rendered again,
 still fits — the budget is then used as fully as the counts themselves allow.
+
+Nothing that had content is emptied: a document marked ``required`` (a whole tool result, say) keeps at least its
+best unit, taken first, and a context where nothing else would be kept keeps its best unit. When such a unit does
+not fit the budget it is kept whole anyway, over the budget, and :attr:`Selection.over_budget` says by how much.
 """
 
 from __future__ import annotations
@@ -44,6 +49,9 @@ class Selection:
     doc_kept: np.ndarray  # (n_docs,) bool: the document keeps some of its text
     texts: tuple[str, ...]  # (n_docs,) each document's kept text, rendered (title line not included; "": dropped)
     tokens_after: np.ndarray  # (n_docs,) target tokens of each document's kept text (title included); 0: dropped
+    over_budget: int = 0  # target tokens kept over the limit (a unit kept whole so as not to empty the context)
+    forced: tuple[int, ...] = ()  # rows kept whatever the budget: the best unit of a required document, or of all
+    warnings: tuple[str, ...] = ()  # what the result should say: a unit kept over the budget, or below the threshold
 
     @property
     def kept_docs(self) -> list[int]:
@@ -72,12 +80,15 @@ def select(
     header = ~units.candidate
     needs = _header_needs(units)
     score = np.asarray(scores, dtype=np.float64)
-    kept = _greedy(units, np.where(header, -np.inf, score), needs, limit, threshold, options)
+    forced = _required_best(units, score)
+    kept = _greedy(units, np.where(header, -np.inf, score), needs, limit, threshold, options, forced)
+    is_forced = np.zeros(units.n_units, dtype=bool)
+    is_forced[list(forced)] = True
     rendered = [_render(units, d, kept, count) for d in range(units.n_docs)]
     doc_tokens = np.asarray([tokens for _, tokens in rendered], dtype=np.int64)
     if limit is not None:
         while int(doc_tokens.sum()) > limit:
-            live = np.flatnonzero(kept & ~header)
+            live = np.flatnonzero(kept & ~header & ~is_forced)
             if not live.size:
                 break
             worst = int(min(live, key=lambda i: (score[i], -i)))
@@ -91,6 +102,14 @@ def select(
             rendered[d] = _render(units, d, kept, count)
             doc_tokens[d] = rendered[d][1]
         _fill(units, score, needs, kept, rendered, doc_tokens, count, limit, threshold)
+    floor = not (kept & ~header).any() and bool(units.candidate.any())
+    if floor:  # nothing fits: the context keeps its best unit
+        best = _best(units, score, np.flatnonzero(units.candidate))
+        forced = (best,)
+        kept[[best, *needs[best]]] = True
+        d = int(units.doc[best])
+        rendered[d] = _render(units, d, kept, count)
+        doc_tokens[d] = rendered[d][1]
     keep = kept.copy()
     doc_kept = np.zeros(units.n_docs, dtype=bool)
     for d in range(units.n_docs):
@@ -100,7 +119,35 @@ def select(
             keep[rows.start : rows.stop] = False
             rendered[d] = ("", 0)
             doc_tokens[d] = 0
-    return Selection(keep, doc_kept, tuple(text for text, _ in rendered), doc_tokens)
+    over = max(0, int(doc_tokens.sum()) - limit) if limit is not None else 0
+    warnings: list[str] = []
+    if over:
+        why = "so that the context is not emptied" if floor else "so that a required document keeps some text"
+        largest = max(int(units.tokens[r]) for r in forced)
+        warnings.append(
+            f"over the budget by {over} tokens: a unit of {largest} tokens that does not fit the budget of {limit} "
+            f"was kept whole, {why}"
+        )
+    elif floor and limit is None:
+        warnings.append("no unit reached the threshold: the best one was kept, so that the context is not emptied")
+    texts = tuple(text for text, _ in rendered)
+    return Selection(keep, doc_kept, texts, doc_tokens, over, tuple(forced), tuple(warnings))
+
+
+def _best(units: UnitTable, score: np.ndarray, rows: np.ndarray) -> int:
+    """The best-scoring of ``rows`` (ties: the earliest)."""
+    return int(min(rows.tolist(), key=lambda i: (-score[i], i)))
+
+
+def _required_best(units: UnitTable, score: np.ndarray) -> tuple[int, ...]:
+    """The best candidate row of every document marked ``required``."""
+    out: list[int] = []
+    for d, document in enumerate(units.documents):
+        if document.required:
+            rows = np.asarray([r for r in units.rows(d) if units.candidate[r]], dtype=np.int64)
+            if rows.size:
+                out.append(_best(units, score, rows))
+    return tuple(out)
 
 
 def _fill(
@@ -156,7 +203,7 @@ def _header_needs(units: UnitTable) -> list[tuple[int, ...]]:
             elif kind == "heading":
                 heading = r
             elif units.candidate[r]:
-                needs[r] = tuple(h for h in (title, heading) if h is not None)
+                needs[r] = tuple(h for h in (title, heading) if h is not None) + units.enclosing(r)
     return needs
 
 
@@ -167,20 +214,23 @@ def _greedy(
     limit: int | None,
     threshold: float | None,
     options: SelectionOptions,
+    forced: tuple[int, ...] = (),
 ) -> np.ndarray:
     kept = np.zeros(units.n_units, dtype=bool)
     used = 0
 
-    def take(i: int) -> None:
+    def take(i: int, force: bool = False) -> None:
         nonlocal used
         cost = int(units.tokens[i]) + sum(int(units.tokens[h]) for h in needs[i] if not kept[h])
-        if limit is not None and used + cost > limit:
+        if limit is not None and used + cost > limit and not force:
             return
         for h in needs[i]:
             kept[h] = True
         kept[i] = True
         used += cost
 
+    for i in forced:
+        take(i, force=True)
     order = sorted(np.flatnonzero(units.candidate).tolist(), key=lambda i: (-score[i], i))
     if options.keep_first:
         for d in range(units.n_docs):

@@ -35,12 +35,14 @@ from rag_opt.compressors.doc_relevance import document_relevance
 from rag_opt.compressors.document_orders import mean_log_odds, reversed_documents, to_original
 from rag_opt.compressors.features import SENTENCE_BLOCKS, build_features
 from rag_opt.compressors.probe import Probe, shipped_probe, sigmoid
+from rag_opt.compressors.structured import with_lexical_rows
 from rag_opt.errors import InvalidInputError, ProbeMismatchError
 from rag_opt.models.extract import AttentionFeatures, extract, extract_batch
 from rag_opt.models.prompt import template_for
 from rag_opt.orderers.profiles import PositionProfile, ProfileStore
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.compressors.lexical_scorer import LexicalScorer
     from rag_opt.models.encoding_cache import EncodingCache
     from rag_opt.models.loader import ProxyModel
     from rag_opt.text.units import UnitTable
@@ -123,6 +125,7 @@ class SentinelCompressor:
         elif isinstance(profiles, str):
             profiles = ProfileStore(profiles)
         self.profiles: ProfileStore | None = profiles
+        self._lexical_scorer: LexicalScorer | None = None
 
     @classmethod
     def from_model(
@@ -233,7 +236,9 @@ class SentinelCompressor:
         else:
             best_logit = None
             unit_scores = attn.unit[:, 1].mean(axis=(1, 2)).astype(np.float64)
-        unit = np.asarray(unit_scores, dtype=np.float64)
+        unit = with_lexical_rows(
+            np.asarray(unit_scores, dtype=np.float64), units, lambda: self._lexical(question, units)
+        )
         doc_raw = units.doc_best(unit)
         doc, calibrated, note = doc_raw, False, None
         if documents and self.doc_probe is not None and self.encoding == "parallel":
@@ -269,6 +274,14 @@ class SentinelCompressor:
             calibrated=calibrated,
             calibration_note=note,
         )
+
+    def _lexical(self, question: str, units: UnitTable) -> np.ndarray:
+        """Lexical-probe scores of every row (structured rows take the better of these and the proxy's)."""
+        if self._lexical_scorer is None:
+            from rag_opt.compressors.lexical_scorer import LexicalScorer
+
+            self._lexical_scorer = LexicalScorer()
+        return self._lexical_scorer.score(question, units).unit
 
     def profile(self, n_docs: int) -> PositionProfile | None:
         """The calibration profile of this proxy for ``n_docs`` documents, if any (parsed once per file)."""

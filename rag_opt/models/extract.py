@@ -393,4 +393,6 @@ def _plan_windows(
             windows[-1].append((d, a, b))
             used += size
             a = b
-    return [w for w in windows if w]
+    planned = [w for w in windows if w]
+    check_proxy_tokens(sum(lengths_flat) + overhead * len(planned))  # the question goes into every window
+    return planned

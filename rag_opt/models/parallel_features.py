@@ -50,7 +50,8 @@ def extract_parallel(
         prompt = parallel_prompt(
             proxy.tokenizer, docs, question, max_block_tokens=limit, max_positions=proxy.max_positions
         )
-        check_proxy_tokens(sum(len(b.ids) for b in prompt.blocks))  # before any forward pass (rag_opt.work)
+        # before any forward pass (rag_opt.work): the blocks and the question pass
+        check_proxy_tokens(sum(len(b.ids) for b in prompt.blocks) + len(prompt.question_ids))
         prompts.append(prompt)
     prefix = prompts[0].prefix
     model, dtype = proxy.name, proxy.precision

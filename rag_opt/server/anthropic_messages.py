@@ -17,6 +17,13 @@ the ``user`` messages after it (which carry tool results) are the current turn. 
 Everything else is forwarded byte for byte (:meth:`rag_opt.server.documents.ContextPlan.render`), except that a
 content block whose text the optimization leaves blank (a ``text`` block that held only dropped documents, a
 dropped ``document`` block) is removed rather than sent empty, which the API refuses; one block per list stays.
+Removing a block keeps what the API reads from block positions intact (:func:`remove_blank`):
+
+- a removed block's ``cache_control`` breakpoint moves to the nearest kept block of its list (the one before it,
+  else the one after it) unless that one has its own, so the cached prefix still ends where it did;
+- when any ``document`` block of the request has citations on (``"citations": {"enabled": true}``), a dropped
+  ``document`` block is not removed but kept with :data:`PLACEHOLDER` as its text, so every document keeps its
+  ``document_index``.
 The flow is :class:`rag_opt.server.flow.ContextFlow`; rag-opt's own errors come in Anthropic's shape
 (``{"type": "error", "error": {"type", "message"}}``), and ``--upstream-api-key`` is sent as ``x-api-key``.
 Nothing is scored, selected or ordered here.
@@ -36,9 +43,10 @@ from rag_opt.server.request import EXTENSION_FIELD, check_messages, check_parts,
 from rag_opt.server.settings import ProxySettings
 from rag_opt.server.state import ProxyState
 
-__all__ = ["AnthropicMessages", "check_messages_body", "plan_messages"]
+__all__ = ["PLACEHOLDER", "AnthropicMessages", "check_messages_body", "plan_messages", "remove_blank"]
 
 _BODY_KEYS = frozenset({"messages", "system", EXTENSION_FIELD})
+PLACEHOLDER = "(omitted)"  # the text of a dropped document block kept for its citation index
 
 
 def check_messages_body(body: dict[str, Any]) -> None:
@@ -84,6 +92,7 @@ def plan_messages(raw: bytes, headers: Mapping[str, str], settings: ProxySetting
     plan = ContextPlan(raw=raw, body=body, tag=settings.document_tag, query=None, options=options)
     plan.has_extension_field = EXTENSION_FIELD in body
     plan.placer = _place
+    plan.remover = remove_blank
     for system_path, text in texts_of(body.get("system"), ("system",)):
         plan.add_text(system_path, text, item=_block(system_path))
     messages = body["messages"]
@@ -112,6 +121,58 @@ def plan_messages(raw: bytes, headers: Mapping[str, str], settings: ProxySetting
     plan.add_extension(ext_docs)
     plan.set_query([t for _, t in texts_of(messages[asking[-1]].get("content"), ())] if asking else [])
     return plan
+
+
+def _at(body: Any, path: JsonPath) -> Any:
+    for step in path:
+        body = body[step]
+    return body
+
+
+def _citations_on(body: dict[str, Any]) -> bool:
+    """Whether a ``document`` block of the messages (or of a tool result in them) has citations enabled."""
+    blocks: list[Any] = []
+    for m in body["messages"]:
+        content = m.get("content")
+        for block in content if isinstance(content, list) else []:
+            blocks.append(block)
+            inner = block.get("content") if block.get("type") == "tool_result" else None
+            blocks += inner if isinstance(inner, list) else []
+    return any(
+        isinstance(b, dict)
+        and b.get("type") == "document"
+        and isinstance(b.get("citations"), dict)
+        and b["citations"].get("enabled") is True
+        for b in blocks
+    )
+
+
+def remove_blank(plan: ContextPlan, editor: JsonEditor, values: dict[JsonPath, str]) -> list[Edit]:
+    """Remove the content blocks left blank, keeping cache breakpoints and citation indexes (see the module
+    docstring)."""
+    if _citations_on(plan.body):
+        for c in plan.containers:
+            blank = c.path in values and not values[c.path].strip() and c.text.strip()
+            if blank and c.item is not None and _at(plan.body, c.item).get("type") == "document":
+                values[c.path] = PLACEHOLDER
+    removed: dict[JsonPath, list[int]] = {}
+    edits = plan.remove_blank(editor, values, removed)
+    for array, indexes in removed.items():
+        items, gone = _at(plan.body, array), set(indexes)
+        if not any("cache_control" in items[r] for r in indexes):
+            continue
+        kept = [j for j in range(len(items)) if j not in gone and isinstance(items[j], dict)]
+        marks: dict[int, Any] = {}  # kept block index: the breakpoint it takes over
+        k = 0  # kept[k] is the first kept block after r
+        for r in sorted(indexes):
+            while k < len(kept) and kept[k] < r:
+                k += 1
+            mark = items[r].get("cache_control")
+            target = kept[k - 1] if k > 0 else kept[k] if k < len(kept) else None
+            if mark is not None and target is not None and "cache_control" not in items[target]:
+                marks.setdefault(target, mark)
+        edits += [editor.insert_member((*array, j), "cache_control", mark) for j, mark in marks.items()]
+    return edits
 
 
 def _place(plan: ContextPlan, editor: JsonEditor, values: dict[JsonPath, str], ext_text: str) -> list[Edit]:

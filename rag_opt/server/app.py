@@ -42,6 +42,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from rag_opt.server.anthropic_messages import AnthropicMessages
+from rag_opt.server.browser import HostPolicy
 from rag_opt.server.chat import ChatCompletions
 from rag_opt.server.compress import COMPRESS_PATH, SCHEMA_PATH, Compressor, compress_schema
 from rag_opt.server.engine import Engine
@@ -67,6 +68,7 @@ _WARMUP_DOCS = ["The proxy loads its model at start-up. Then the first request i
 def _warm_up(state: ProxyState) -> None:
     """Load the proxy model (runs on the pool at start-up). On failure the proxy serves in pass-through mode."""
     state.optimizer_state = "loading"
+    state.targets.preload()  # the target tokenizers a request may name (failures logged)
     try:
         state.optimizer.optimize(_WARMUP_QUERY, _WARMUP_DOCS, ratio=0.5)
     except Exception as exc:  # the proxy still serves: requests are forwarded unoptimized
@@ -217,8 +219,8 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
     async def compress_schema_route(request: Request) -> Response:
         return JSONResponse(compress_schema())
 
-    async def stats(request: Request) -> Response:
-        return JSONResponse(state.metrics.stats())
+    async def stats(request: Request) -> Response:  # built off the event loop
+        return Response(await anyio.to_thread.run_sync(state.metrics.stats_json), media_type="application/json")
 
     async def passthrough(request: Request) -> Response:
         path = request.scope["path"]
@@ -263,7 +265,12 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
     ]
     key = settings.api_key.get_secret_value() if settings.api_key is not None else None
     guard = Middleware(
-        Guard, api_key=key, max_body_bytes=settings.max_body_bytes, metrics=state.metrics, secrets=state.secrets
+        Guard,
+        api_key=key,
+        max_body_bytes=settings.max_body_bytes,
+        metrics=state.metrics,
+        secrets=state.secrets,
+        hosts=HostPolicy.build(settings.host, settings.allowed_hosts),
     )
     app = _ProxyApp(
         routes=routes,

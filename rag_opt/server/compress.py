@@ -13,6 +13,13 @@ Outcomes: ``optimized`` / ``optimized_lexical`` (by the proxy model / the lexica
 budget asked for no compression), ``fail_open`` (the optimizer could not help: the documents come back as sent,
 with ``reason``, as the proxy forwards a chat request unoptimized). Invalid input is a 400 whose OpenAI-style
 error names the field (``param``); with ``--on-overload reject`` an overload is a 429.
+
+The request is read strictly: JSON types are not coerced (``"ratio": "0.5"`` and ``"target_tokens": true`` are
+400s), and a ``budget`` must give one of its limits (``{}`` is a 400: leave ``budget`` out for the server's). A
+body sent with ``Content-Encoding: gzip`` or ``deflate`` is decoded (at most ``--max-body-bytes`` once decoded,
+else a 413). More than ``--max-documents`` documents is a 413 (``too_many_documents``), answered once the body
+is parsed and before any document is validated or built. Reading the request and building the answer (the
+documents as sent, on fail-open) run off the event loop for large bodies.
 """
 
 from __future__ import annotations
@@ -24,14 +31,16 @@ from typing import Any, Literal
 
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import from_json
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from rag_opt.errors import InvalidInputError
 from rag_opt.inputs import check_documents
 from rag_opt.server.engine import Attempt, Engine, Job, TierChoice, overloaded_response
-from rag_opt.server.errors import Overloaded, error_response
+from rag_opt.server.errors import Overloaded, RequestError, error_response
 from rag_opt.server.pool import off_loop
+from rag_opt.server.request import decode_body, json_type
 from rag_opt.server.state import ProxyState
 from rag_opt.text.language import check_language
 from rag_opt.types import Budget, OptimizeResult, OrderingName, Timings, check_ordering
@@ -54,7 +63,7 @@ logger = logging.getLogger(__name__)
 
 COMPRESS_PATH = "/v1/compress"
 SCHEMA_PATH = "/v1/compress/schema"
-_STRICT = ConfigDict(extra="forbid")
+_STRICT = ConfigDict(extra="forbid", strict=True)  # strict: JSON types are not coerced ("0.5", true)
 _DOC_MODEL = "CompressDocument"  # the tag of a document object's errors
 
 
@@ -82,6 +91,8 @@ class CompressBudget(BaseModel):
 
     @model_validator(mode="after")
     def _one(self) -> CompressBudget:
+        if self.ratio is None and self.target_tokens is None and self.threshold is None:
+            raise ValueError("give one of ratio, target_tokens and threshold (leave budget out for the server's)")
         self.budget()  # at most one limit
         return self
 
@@ -92,7 +103,7 @@ class CompressBudget(BaseModel):
 class CompressRequest(BaseModel):
     """The body of ``POST /v1/compress``."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"title": "rag-opt compress request"})
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"title": "rag-opt compress request"})
 
     question: str = Field(min_length=1, description="the question the documents should answer")
     documents: list[str | CompressDocument] = Field(min_length=1, description="the retrieved documents, in order")
@@ -101,7 +112,9 @@ class CompressRequest(BaseModel):
     target: str | None = Field(
         default=None,
         description="the LLM the context is for: budgets and token counts are in its tokenizer (an OpenAI model or "
-        "tiktoken encoding name, or hf:<tokenizer>; default: the server's --target)",
+        "tiktoken encoding name, or hf:<tokenizer>; default: the server's --target). Only a tokenizer the server "
+        "allows (its --allowed-targets; default: o200k_base, cl100k_base, the model names of those encodings, and "
+        "its --target): any other is a 400",
     )
     language: str | None = Field(
         default=None,
@@ -211,6 +224,24 @@ def _output(result: OptimizeResult) -> tuple[list[OutputDocument], list[str]]:
     return docs, [d.id for d in result.dropped]
 
 
+def _invalid(exc: ValidationError) -> RequestError:
+    """The 400 for the first problem pydantic found, named by its place (``documents.2.text``)."""
+    errors = exc.errors()
+    # a document is a string or an object: for an object, its own problem (not "should be a string")
+    inside = [e for e in errors if _DOC_MODEL in e["loc"] and e["loc"][-1] != _DOC_MODEL]
+    err = inside[0] if inside else errors[0]
+    where = ".".join(str(p) for p in err["loc"] if p not in ("str", _DOC_MODEL)) or None
+    if err["type"] == "extra_forbidden":
+        msg, code = "unknown field", "unknown_parameter"
+    elif err["type"] == "missing":
+        msg, code = "missing (required)", "missing_required_parameter"
+    elif "str" in err["loc"] or _DOC_MODEL in err["loc"]:
+        msg, code = "a document must be a string or an object {text, id?, title?, metadata?}", "invalid_type"
+    else:
+        msg, code = err["msg"].removeprefix("Value error, "), "invalid_value"
+    return RequestError(f"{where}: {msg}" if where else msg, where, code)
+
+
 def _as_sent(documents: list[dict[str, Any]]) -> list[OutputDocument]:
     """The documents as they came (fail-open)."""
     return [
@@ -235,40 +266,49 @@ class Compressor:
 
     def _refused(self, message: str, param: str | None, code: str = "invalid_request", status: int = 400) -> Response:
         self.state.metrics.compress_outcome("rejected")
-        self.state.metrics.local_error("invalid_request")
+        self.state.metrics.local_error("too_large" if status == 413 else "invalid_request")
         return error_response(status, message, "invalid_request_error", code, param)
 
-    def _invalid(self, exc: ValidationError) -> Response:
-        """The 400 for the first problem pydantic found, named by its place (``documents.2.text``)."""
-        errors = exc.errors()
-        # a document is a string or an object: for an object, its own problem (not "should be a string")
-        inside = [e for e in errors if _DOC_MODEL in e["loc"] and e["loc"][-1] != _DOC_MODEL]
-        err = inside[0] if inside else errors[0]
-        if err["type"] == "json_invalid":
-            return self._refused(f"the request body is not valid JSON: {err['msg']}", None, "invalid_json")
-        where = ".".join(str(p) for p in err["loc"] if p not in ("str", _DOC_MODEL)) or None
-        if err["type"] == "extra_forbidden":
-            msg, code = "unknown field", "unknown_parameter"
-        elif err["type"] == "missing":
-            msg, code = "missing (required)", "missing_required_parameter"
-        elif "str" in err["loc"] or _DOC_MODEL in err["loc"]:
-            msg, code = "a document must be a string or an object {text, id?, title?, metadata?}", "invalid_type"
-        else:
-            msg, code = err["msg"].removeprefix("Value error, "), "invalid_value"
-        return self._refused(f"{where}: {msg}" if where else msg, where, code)
-
-    async def handle(self, request: Request, raw: bytes) -> Response:
-        """Answer one compress request whose body is ``raw``."""
+    def _read(self, raw: bytes) -> tuple[CompressRequest, list[dict[str, Any]]]:
+        """The request in ``raw`` and its documents as the optimizer takes them, checked; raises
+        :class:`~rag_opt.server.errors.RequestError` (a 413 past ``--max-documents``, before any document is
+        validated). Runs off the event loop for a large body."""
         try:
-            req = await off_loop(len(raw), lambda: CompressRequest.model_validate_json(raw))
+            data = from_json(raw)
+        except ValueError as exc:
+            raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        if not isinstance(data, dict):
+            raise RequestError(f"the request body must be a JSON object, got {json_type(data)}", code="invalid_json")
+        limit = self.state.settings.max_documents
+        docs = data.get("documents")
+        if isinstance(docs, list) and len(docs) > limit:
+            raise RequestError(
+                f"documents: {len(docs)} documents, more than this server's limit of {limit} (--max-documents)",
+                "documents",
+                "too_many_documents",
+                status=413,
+            )
+        try:
+            req = CompressRequest.model_validate(data)
         except ValidationError as exc:
-            return self._invalid(exc)
+            raise _invalid(exc) from None
         documents = req.as_documents()
         try:
             check_documents(documents)
         except InvalidInputError as exc:
-            return self._refused(str(exc), "documents")
+            raise RequestError(str(exc), "documents", "invalid_request") from None
+        return req, documents
+
+    async def handle(self, request: Request, raw: bytes) -> Response:
+        """Answer one compress request whose body is ``raw``."""
         s = self.state.settings
+        try:
+            encoding = request.headers.get("content-encoding", "")
+            if encoding.strip().lower() not in ("", "identity"):
+                raw = await off_loop(len(raw), lambda: decode_body(raw, encoding, s.max_body_bytes))
+            req, documents = await off_loop(len(raw), lambda: self._read(raw))
+        except RequestError as exc:
+            return self._refused(exc.message, exc.param, exc.code, exc.status)
         job = Job(
             req.question,
             documents,
@@ -288,16 +328,17 @@ class Compressor:
         except Overloaded as exc:  # --on-overload reject, and no lexical tier
             self.state.metrics.compress_outcome("overloaded")
             return overloaded_response(exc, s.time_budget_ms)
-        return JSONResponse(self._answer(job, attempt).model_dump(mode="json"))
+        # the answer holds every document (all of them, as sent, on fail-open): built off the loop when large
+        body = await off_loop(len(raw), lambda: self._answer(job, attempt).model_dump_json().encode())
+        return Response(body, media_type="application/json")
 
     async def _check_target(self, target: str) -> Response | None:
-        """A 400 for a target tokenizer that cannot be loaded (None: it can)."""
-        from rag_opt.text.tokens import get_token_counter
-
+        """A 400 for a target tokenizer this server does not allow (``--allowed-targets``), or that could not be
+        loaded (None: it is loaded). Only an allowed one is ever loaded; the message names no server path."""
         try:
-            await anyio.to_thread.run_sync(get_token_counter, target)
-        except (ValueError, RuntimeError, OSError) as exc:
-            return self._refused(f"target: the tokenizer {target!r} cannot be loaded ({exc})", "target")
+            await anyio.to_thread.run_sync(self.state.targets.load, target)
+        except InvalidInputError as exc:
+            return self._refused(f"target: {exc}", "target")
         return None
 
     def _answer(self, job: Job, attempt: Attempt) -> CompressResponse:

@@ -15,7 +15,9 @@ removed), unless the request's ``rag_opt.query`` gives one. Context is, in this 
    blocks, the innermost ones are the documents and the tags around them stay as they are; unmatched tags are
    text.
 2. ``tool``/``function`` messages of the current turn without blocks whose text is at least
-   ``tool_min_chars`` long: the whole text is one document.
+   ``tool_min_chars`` long: the whole text is one document, marked ``required`` (the optimizer keeps at least
+   its best unit, so the message is never emptied). A tool result that is one JSON value or a table is
+   compressed at its own grain (array items, object members, table rows: :mod:`rag_opt.text.structure`).
 3. ``rag_opt.documents`` in the request's extension field: rendered as ``<document id=".." title="..">``
    blocks at the start of the last user message (``placement: "user"``, the default) or at the end of the
    first system message (``placement: "system"``); the ``rag_opt`` field is always removed before forwarding.
@@ -52,6 +54,7 @@ __all__ = [
     "ContextPlan",
     "Found",
     "Placer",
+    "Remover",
     "has_lone_surrogate",
     "parse_attributes",
     "place_first",
@@ -93,6 +96,7 @@ class Found:
     lead: str = ""
     trail: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # extension documents: metadata, score
+    required: bool = False  # the whole text of a message: the optimizer never drops it entirely
 
     def as_input(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"text": self.text, **self.extra}
@@ -100,6 +104,8 @@ class Found:
             doc["id"] = self.id
         if self.title is not None:
             doc["title"] = self.title
+        if self.required:
+            doc["required"] = True
         return doc
 
     def block(self, text: str) -> str:
@@ -148,6 +154,10 @@ Placer = Callable[["ContextPlan", JsonEditor, dict[JsonPath, str], str], list[Ed
 """Inserts the rendered extension documents (the text) into a request body of one API: a new value for a
 string goes into the dict (by path), anything else is an edit; raises RewriteError when there is no place."""
 
+Remover = Callable[["ContextPlan", JsonEditor, dict[JsonPath, str]], list[Edit]]
+"""Removes the content blocks left blank, as :meth:`ContextPlan.remove_blank` does (an API's own rules: e.g.
+Anthropic's cache breakpoints and citation indexes)."""
+
 
 def place_first(
     editor: JsonEditor, values: dict[JsonPath, str], path: JsonPath, content: Any, part_type: str, text: str
@@ -178,6 +188,7 @@ class ContextPlan:
     # the extension documents in request order: an index into ``documents``, or an empty document (not optimized)
     extension: list[int | Found] = field(default_factory=list)
     placer: Placer | None = None  # where the extension documents go (None: a chat completion's messages)
+    remover: Remover | None = None  # removes the blocks left blank (None: :meth:`remove_blank`)
 
     # -- finding (the planners of each API call these) --
     def add_text(self, path: JsonPath, text: str, whole_min: int | None = None, item: JsonPath | None = None) -> None:
@@ -188,7 +199,7 @@ class ContextPlan:
         blocks = [b for b in found if _optimizable(text[b.body_start : b.body_end])]
         if not blocks:
             if whole_min is not None and len(text.strip()) >= max(whole_min, 1):
-                self.add_whole(path, text, item=item)
+                self.add_whole(path, text, item=item, required=True)  # a message that had content is never emptied
             return
         self.containers.append(Container(path=path, text=text, item=item))
         for b in blocks:
@@ -208,15 +219,30 @@ class ContextPlan:
                 )
             )
 
-    def add_whole(self, path: JsonPath, text: str, title: str | None = None, item: JsonPath | None = None) -> None:
+    def add_whole(
+        self,
+        path: JsonPath,
+        text: str,
+        title: str | None = None,
+        item: JsonPath | None = None,
+        required: bool = False,
+    ) -> None:
         """The whole string at ``path`` as one document (not when empty or not encodable); ``item``: as in
-        :meth:`add_text`."""
+        :meth:`add_text`; ``required``: the optimizer keeps at least its best unit."""
         if not _optimizable(text):
             return
         lead, core, trail = _split_ws(text)
         self.containers.append(Container(path=path, text=text, whole=True, item=item))
         self.documents.append(
-            Found(text=core, title=title, container=len(self.containers) - 1, end=len(text), lead=lead, trail=trail)
+            Found(
+                text=core,
+                title=title,
+                container=len(self.containers) - 1,
+                end=len(text),
+                lead=lead,
+                trail=trail,
+                required=required,
+            )
         )
 
     def add_extension(self, ext_docs: list[Document]) -> None:
@@ -260,9 +286,20 @@ class ContextPlan:
             if sorted(order + dropped) != list(range(n)):
                 raise RewriteError(f"optimizer result does not match the {n} documents sent")
         kept = set(order)
+        # each container's documents (position order) and its kept ones (output order): one pass each, so
+        # rendering stays linear in the number of documents and containers
+        here: list[list[int]] = [[] for _ in self.containers]
+        for i, d in enumerate(self.documents):
+            if d.container is not None:
+                here[d.container].append(i)
+        movers: list[list[int]] = [[] for _ in self.containers]
+        for i in order:
+            c_idx = self.documents[i].container
+            if c_idx is not None:
+                movers[c_idx].append(i)
         values: dict[JsonPath, str] = {}
         for c_idx, c in enumerate(self.containers):
-            new = self._container_text(c_idx, c, order, kept, texts)
+            new = self._container_text(c, here[c_idx], movers[c_idx], kept, texts)
             if new != c.text:
                 values[c.path] = new
         ext_movers = iter([i for i in order if self.documents[i].container is None])  # kept, in output order
@@ -286,16 +323,19 @@ class ContextPlan:
         edits: list[Edit] = []
         if ext_text:
             edits += (self.placer or _place_chat)(self, editor, values, ext_text)
-        edits += self._remove_blank(editor, values)
+        edits += (self.remover or ContextPlan.remove_blank)(self, editor, values)
         for path, value in values.items():
             edits.append(editor.replace(path, value))
         if self.has_extension_field:
             edits += editor.remove_members(EXTENSION_FIELD)
         return editor.render(edits)
 
-    def _remove_blank(self, editor: JsonEditor, values: dict[JsonPath, str]) -> list[Edit]:
+    def remove_blank(
+        self, editor: JsonEditor, values: dict[JsonPath, str], removed: dict[JsonPath, list[int]] | None = None
+    ) -> list[Edit]:
         """Remove the content blocks whose text became blank (their :attr:`Container.item`), keeping at least
-        one block in each array; their values are taken out of ``values``."""
+        one block in each array; their values are taken out of ``values``. ``removed``: filled with the indexes
+        removed from each array."""
         arrays: dict[JsonPath, list[tuple[int, JsonPath]]] = {}
         for c in self.containers:
             if c.item is not None and c.path in values and not values[c.path].strip() and c.text.strip():
@@ -307,16 +347,21 @@ class ContextPlan:
             for _, path in blank:
                 del values[path]
             edits += editor.remove_items(array, [i for i, _ in blank])
+            if removed is not None and blank:
+                removed[array] = [i for i, _ in blank]
         return edits
 
-    def _container_text(self, c_idx: int, c: Container, order: list[int], kept: set[int], texts: dict[int, str]) -> str:
-        here = [i for i, d in enumerate(self.documents) if d.container == c_idx]  # position order
+    def _container_text(
+        self, c: Container, here: list[int], kept_order: list[int], kept: set[int], texts: dict[int, str]
+    ) -> str:
+        """The new text of ``c``, whose documents are ``here`` (position order) and its kept ones ``kept_order``
+        (output order)."""
         if c.whole:
             d = self.documents[here[0]]
             if here[0] not in kept:
                 return ""
             return c.text[: d.start] + d.lead + texts[here[0]] + d.trail + c.text[d.end :]
-        movers = iter([i for i in order if i in here])  # kept documents of this text, in output order
+        movers = iter(kept_order)  # kept documents of this text, in output order
         edits: list[Edit] = []
         spans = [(self.documents[i].start, self.documents[i].end) for i in here]
         k = 0

@@ -7,13 +7,19 @@ engine, so they share the pool, the lexical tier, the work limits and the metric
 runs and translates the pool's answers; what to do with the result (write it back into a request, answer it as
 JSON) is the route's.
 
-The decisions, in order: a proxy model that failed to load fails open (``unavailable``); more than
-``--max-documents`` documents fail open without being queued (``limit``); with the lexical tier available (on,
-the optimizer has one, the ordering does not need the proxy model's attention) it runs instead of the model while
-the model is loading (``loading``) or for a context over ``--lexical-over-tokens`` (``size``), and when the pool
-does not admit the job (``overload``) or its time budget runs out (``timeout``). Without it, an overload fails
-open, or raises :class:`~rag_opt.server.errors.Overloaded` with ``--on-overload reject`` (the route answers 429);
-a timeout, an error or a context over the work limits fail open.
+The decisions, in order: more than ``--max-documents`` documents fail open without being queued (``limit``), on
+every tier; a job that asks for the lexical tier runs on it; a proxy model that failed to load fails open
+(``unavailable``); with the lexical tier available (on, the optimizer has one, the ordering does not need the proxy
+model's attention) it runs instead of the model while the model is loading (``loading``) or for a context over
+``--lexical-over-tokens`` (``size``), and when the pool does not admit the job (``overload``) or its time budget
+runs out (``timeout``). Without it, an overload fails open, or raises :class:`~rag_opt.server.errors.Overloaded`
+with ``--on-overload reject`` (the route answers 429); a timeout, an error or a context over the work limits
+(``--max-question-tokens``, ``--max-units``, ``--max-proxy-tokens``) fail open.
+
+The lexical tier has the same limits and the same time budget as the model, on a pool of its own
+(:attr:`~rag_opt.server.state.ProxyState.lexical_pool`: a worker per core, ``--max-lexical-queue`` waiting): a
+job it does not admit or that runs out of budget fails open (``overload``, ``timeout``), or, when it asked for the
+lexical tier, raises :class:`~rag_opt.server.errors.Overloaded` under ``--on-overload reject``.
 """
 
 from __future__ import annotations
@@ -23,12 +29,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import anyio
-import anyio.to_thread
 from starlette.responses import Response
 
 from rag_opt.errors import WorkLimitExceeded
-from rag_opt.models.threads import available_cores
 from rag_opt.server.errors import BudgetExceeded, ErrorFormat, Overloaded, error_response
 from rag_opt.server.pool import off_loop, retry_after_s
 from rag_opt.server.state import ProxyState
@@ -115,7 +118,6 @@ class Engine:
 
     def __init__(self, state: ProxyState) -> None:
         self.state = state
-        self._lexical_limiter: anyio.CapacityLimiter | None = None  # created on the event loop, on first use
 
     def lexical_available(self, ordering: str) -> bool:
         """Whether the lexical tier can serve ``ordering`` here."""
@@ -150,20 +152,21 @@ class Engine:
 
     async def run(self, job: Job) -> Attempt:
         """Optimize ``job`` by the tier that can take it; never raises but
-        :class:`~rag_opt.server.errors.Overloaded` (with ``--on-overload reject`` and no lexical tier)."""
+        :class:`~rag_opt.server.errors.Overloaded` (with ``--on-overload reject``: no lexical tier, or a job that
+        asked for it and that it did not admit)."""
         state, s = self.state, self.state.settings
         t0 = time.perf_counter()
-        if job.tier == "lexical":
-            return await self._lexical(job, None, t0)
-        if state.optimizer_state == "failed":
-            return self.failed("unavailable", t0)
-        if len(job.documents) > s.max_documents:  # never queued
+        if len(job.documents) > s.max_documents:  # never queued, on any tier
             logger.warning(
                 "a request has %d context documents, more than --max-documents %d: not optimizing it",
                 len(job.documents),
                 s.max_documents,
             )
             return self.failed("limit", t0)
+        if job.tier == "lexical":
+            return await self._lexical(job, None, t0)
+        if state.optimizer_state == "failed":
+            return self.failed("unavailable", t0)
         lexical = job.tier == "auto" and self.lexical_available(job.ordering)
         if lexical and state.optimizer_state == "loading":  # the proxy model is not loaded yet
             return await self._lexical(job, "loading", t0)
@@ -203,12 +206,14 @@ class Engine:
 
     def _limits(self) -> WorkLimits:
         s = self.state.settings
-        return WorkLimits(max_units=s.max_units, max_proxy_tokens=s.max_proxy_tokens)
+        return WorkLimits(
+            max_units=s.max_units, max_proxy_tokens=s.max_proxy_tokens, max_question_tokens=s.max_question_tokens
+        )
 
     async def _lexical(self, job: Job, reason: str | None, t0: float) -> Attempt:
-        """Optimize with the lexical tier (no model, milliseconds) on a thread, off the event loop and outside the
-        model's pool; fail-open if that fails too. ``reason``: why it runs instead of the model (None: asked
-        for)."""
+        """Optimize with the lexical tier (no model, milliseconds) on its own pool, off the event loop, with the
+        model's work limits and time budget; fail-open if that fails too (see the module docstring). ``reason``:
+        why it runs instead of the model (None: asked for)."""
         state = self.state
         if reason is not None:
             state.metrics.lexical_used(reason)
@@ -219,9 +224,21 @@ class Engine:
                 return optimizer.optimize(job.query, job.documents, tier="lexical", **settings)  # type: ignore[call-arg]
 
         try:
-            if self._lexical_limiter is None:  # as many at once as there are cores: few threads, little memory
-                self._lexical_limiter = anyio.CapacityLimiter(available_cores())
-            result = await anyio.to_thread.run_sync(work, limiter=self._lexical_limiter)
+            result = await state.lexical_pool.run(work, state.settings.time_budget_ms / 1e3)
+        except Overloaded as exc:
+            state.metrics.shed_load(exc.reason)
+            if reason is None and state.settings.on_overload == "reject":
+                raise
+            logger.info("lexical tier overloaded (%s); not optimizing the request", exc.reason)
+            return self.failed("overload", t0, None if reason is None else "the lexical tier is overloaded too")
+        except BudgetExceeded as exc:
+            state.metrics.timed_out(exc.stage)
+            logger.warning(
+                "lexical optimization exceeded the %.0f ms time budget (%s); not optimizing the request",
+                state.settings.time_budget_ms,
+                exc.stage,
+            )
+            return self.failed("timeout", t0, None if reason is None else "the lexical tier ran out of time too")
         except Exception as exc:
             return self._gave_up(exc, t0, "lexical optimization")
         return Attempt(result, t0, reason)
@@ -229,7 +246,7 @@ class Engine:
     async def _over_size(self, job: Job, limit: int) -> bool:
         """Whether the context has more than ``limit`` target tokens (False when they cannot be counted)."""
         counter = getattr(self.state.optimizer, "counter", None)
-        texts = [str(d.get("text", "")) for d in job.documents]
+        documents = job.documents
         try:
             if job.target is not None and counter is not None:
                 from rag_opt.text.tokens import get_token_counter
@@ -238,7 +255,8 @@ class Engine:
             if counter is None:
                 return False
             count = counter.count
-            n = await off_loop(sum(map(len, texts)), lambda: sum(count(t) for t in texts))
+            size = sum(len(str(d.get("text", ""))) for d in documents)  # (at most --max-documents of them)
+            n = await off_loop(size, lambda: sum(count(str(d.get("text", ""))) for d in documents))
         except Exception as exc:  # counting is a hint only
             logger.warning("counting the context's tokens failed (%s)", self.state.why(exc))
             return False

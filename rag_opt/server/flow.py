@@ -10,8 +10,9 @@ could not help: a failure to find the context, an optimizer error, an exceeded t
 (with ``--on-overload fail-open``, the default), a context over the work limits or a proxy model that failed to
 load all forward the request unoptimized (fail-open). Only an invalid request is answered locally (a 4xx in the
 route's error shape), and an overloaded pool with ``--on-overload reject`` (a 429 with ``Retry-After``). What
-happened is told by the ``x-ragopt-*`` response headers (:class:`Outcome`) and counted in the metrics (the
-per-model totals of ``/stats`` by the request's ``model``). When the proxy model read the context,
+happened is told by the ``x-ragopt-*`` response headers (:class:`Outcome`; ``x-ragopt-over-budget``: the tokens
+kept over the budget, when a unit too large for it was kept whole rather than empty a message) and counted in the
+metrics (the per-model totals of ``/stats`` by the request's ``model``). When the proxy model read the context,
 ``x-ragopt-encoding`` says how, and under parallel encoding ``x-ragopt-cache-hits`` / ``x-ragopt-cache-misses``
 how many document blocks came from the encoding cache and how many this request encoded.
 
@@ -63,6 +64,7 @@ class Outcome:
     encoding: str | None = None  # how the proxy model read the context (the model tier only)
     cache_hits: int | None = None  # parallel encoding: document blocks from the encoding cache / encoded now
     cache_misses: int | None = None
+    over_budget: int = 0  # tokens kept over the budget (a unit kept whole rather than empty the context)
 
     def read_by_model(self, result: OptimizeResult) -> Outcome:
         """Record how the proxy model read ``result``'s context: its encoding and, under parallel encoding, the
@@ -82,6 +84,8 @@ class Outcome:
         ]
         if self.reason:
             out.append((b"x-ragopt-reason", self.reason.encode()))
+        if self.over_budget:
+            out.append((b"x-ragopt-over-budget", str(self.over_budget).encode()))
         if self.encoding is not None:
             out.append((b"x-ragopt-encoding", self.encoding.encode()))
         if self.cache_hits is not None and self.cache_misses is not None:
@@ -158,9 +162,10 @@ class ContextFlow:
         if plan.query is None:
             return await self._render(plan, None), Outcome("no_query")
         options = plan.options
+        documents = await off_loop(len(plan.raw), plan.optimizer_documents)  # (one per document: off the loop)
         job = Job(
             plan.query,
-            plan.optimizer_documents(),
+            documents,
             options.budget if options.budget is not None else s.budget,
             options.ordering or s.ordering,
             language=options.language,
@@ -188,6 +193,7 @@ class ContextFlow:
         lexical = attempt.tier == "lexical"
         status = "optimized_lexical" if lexical else "optimized"
         outcome = Outcome(status, result.tokens_before, result.tokens_after, ms, attempt.reason if lexical else None)
+        outcome.over_budget = result.over_budget
         return body, outcome if lexical else outcome.read_by_model(result)
 
     async def _unoptimized(self, plan: ContextPlan, attempt: Attempt) -> tuple[bytes, Outcome]:

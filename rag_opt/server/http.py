@@ -12,6 +12,10 @@ adds them:
 - **Body timeout** (``--body-timeout``): once the headers are in, the whole body must arrive within that time
   (a short body, a chunked body that never ends); then a ``408`` (or, if a response was already sent, the
   connection is just closed).
+- **Send timeout** (``--send-timeout``): a client that leaves an answer unread for that long — the proxy's send
+  buffer full, nothing taken from it — has its connection aborted, and the answer (held in memory, and its
+  upstream response) is dropped at once. Each time the client reads enough for the buffer to drain, the clock
+  starts again; a stream that is slow to produce events is not affected.
 - **Connection limit** (``--max-connections``, lowered to fit the process's open-file limit, see
   :func:`~rag_opt.server.settings.connection_limit`): a connection over it is answered ``503`` and closed at
   once, so idle connections can never exhaust the file descriptors the proxy needs for its upstream
@@ -74,6 +78,7 @@ class GuardedH11Protocol(H11Protocol):
 
     header_timeout: float = 10.0
     body_timeout: float = 60.0
+    send_timeout: float = 60.0
     max_connections: int = 1000
     metrics: Metrics | None = None
 
@@ -81,6 +86,7 @@ class GuardedH11Protocol(H11Protocol):
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_kind: str | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
 
     # -- the connection's life --------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -105,7 +111,32 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_send()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The transport's buffer is full (the client does not read): the send timeout starts."""
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.send_timeout, self._send_expired)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._disarm_send()
+
+    def _disarm_send(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+        self._send_timer = None
+
+    def _send_expired(self) -> None:
+        self._send_timer = None
+        logger.warning(
+            "a client left an answer unread for %.3g s (--send-timeout): aborting its connection", self.send_timeout
+        )
+        if self.metrics is not None:
+            self.metrics.local_error("send_timeout")
+        self.transport.abort()  # (close() would wait for the unread bytes to go); connection_lost follows
 
     def send_400_response(self, msg: str) -> None:
         """h11 rejected what the client sent: an OpenAI-style error instead of uvicorn's plain text."""
@@ -195,6 +226,7 @@ def uvicorn_options(settings: ProxySettings, metrics: Metrics | None = None) -> 
         {
             "header_timeout": settings.header_timeout,
             "body_timeout": settings.body_timeout,
+            "send_timeout": settings.send_timeout,
             "max_connections": limit,
             "metrics": metrics,
         },

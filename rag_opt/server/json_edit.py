@@ -210,6 +210,18 @@ class JsonEditor:
         spans = [(m.key_start, m.value_end) for m in members]
         return _remove_runs(spans, [m.key == key for m in members], found[0] + 1, after - 1)
 
+    def insert_member(self, path: JsonPath, key: str, value: Any) -> Edit:
+        """Add the member ``key: value`` last in the object at ``path`` (one that has no ``key``)."""
+        found = self._start(path)
+        if found is None or self.text[found[0]] != "{":
+            raise RewriteError(f"{_where(path) or 'the body'} is not an object")
+        members, _ = self._object(found[0])
+        member = dumps(key) + ":" + dumps(value)
+        if members:
+            at = members[-1].value_end
+            return at, at, "," + member
+        return found[0] + 1, found[0] + 1, member
+
     def count_items(self, path: JsonPath) -> int:
         """How many items the array at ``path`` has (0 when it is absent or not an array)."""
         found = self._start(path)

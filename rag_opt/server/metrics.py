@@ -14,6 +14,7 @@ them; a route label value not listed in :data:`ROUTES` appears on first use.
 from __future__ import annotations
 
 import datetime
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -45,6 +46,7 @@ __all__ = [
     "LEXICAL_REASONS",
     "LOCAL_ERRORS",
     "MAX_MODELS",
+    "MAX_MODEL_CHARS",
     "OPTIMIZER_STATES",
     "OUTCOMES",
     "ROUTES",
@@ -91,7 +93,15 @@ TIMEOUT_STAGES = ("queued", "running")
 UPSTREAM_ERRORS = ("connect", "timeout", "stream", "invalid_response")
 # requests the proxy answered itself before forwarding: 400 (bad input), 401, 413/414/431, 408 (the client did
 # not send its headers or body in time), 503 (connection limit)
-LOCAL_ERRORS = ("invalid_request", "unauthorized", "too_large", "request_timeout", "too_many_connections")
+LOCAL_ERRORS = (
+    "invalid_request",
+    "unauthorized",
+    "forbidden",
+    "too_large",
+    "request_timeout",
+    "send_timeout",
+    "too_many_connections",
+)
 OPTIMIZER_STATES = ("cold", "loading", "ready", "failed")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -120,6 +130,7 @@ ENCODING_CACHE_GAUGES = {
     ),
 }
 MAX_MODELS = 100  # distinct model names kept by /stats; later ones are counted under "other"
+MAX_MODEL_CHARS = 200  # a longer model name is kept cut to this many characters (and marked so)
 OTHER_MODEL = "other"
 
 
@@ -353,6 +364,8 @@ class Metrics:
         self._documents_after.inc(docs_after)
         self._latency.observe(seconds)
         name = model if model else "unknown"
+        if len(name) > MAX_MODEL_CHARS:  # a name the client chose: bounded in length as in number
+            name = name[:MAX_MODEL_CHARS] + "..."
         with self._models_lock:
             if name not in self._models and len(self._models) >= MAX_MODELS:
                 name = OTHER_MODEL
@@ -400,7 +413,8 @@ class Metrics:
 
     def stats(self) -> dict[str, Any]:
         """The ``GET /stats`` summary since the app started: requests by route and by outcome, tokens saved in
-        total and per model, the optimizer's ``encoding`` and its ``encoding_cache`` counters (null: no cache)."""
+        total and per model (at most :data:`MAX_MODELS` names of at most :data:`MAX_MODEL_CHARS` characters),
+        the optimizer's ``encoding`` and its ``encoding_cache`` counters (null: no cache)."""
         chat = self._by_label("ragopt_chat_requests", "outcome")
         compress = self._by_label("ragopt_compress_requests", "outcome")
         routes = self._by_label("ragopt_requests", "route")
@@ -437,3 +451,7 @@ class Metrics:
             "encoding": self.encoding(),
             "encoding_cache": cache.stats().to_dict() if cache is not None else None,
         }
+
+    def stats_json(self) -> bytes:
+        """:meth:`stats` as the JSON body of ``GET /stats`` (the app builds it off the event loop)."""
+        return json.dumps(self.stats(), ensure_ascii=False, separators=(",", ":")).encode("utf-8")

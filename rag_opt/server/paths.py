@@ -1,12 +1,16 @@
 """The request paths the proxy accepts, and the upstream URL of a forwarded request.
 
 A request path must be plain: it starts with ``/``, is at most :data:`MAX_PATH_BYTES` long (else 414), and has
-no empty segment (``//``, a trailing ``/``), no ``.``/``..`` segment (encoded or not), no encoded ``/`` or
-``\\`` (``%2F``, ``%5C``), no raw ``\\``, no malformed ``%`` escape and no control character (else 400,
-``invalid_path``). The optimized routes (:data:`OPTIMIZED_PATHS`: chat completions, Anthropic messages, OpenAI
-responses) are matched exactly: a path that differs from one of them only in letter case is refused rather than
-forwarded unvalidated. So one path means one thing to the proxy and to the
-upstream, and no redirect is ever built from the client's ``Host``.
+no empty segment (``//``, a trailing ``/``), no raw ``\\``, no malformed ``%`` escape, and no segment that,
+percent-decoded once or more (double encoding: ``%252e``), is ``.`` or ``..`` (or only dots and spaces),
+including before a ``;`` path parameter (``..;``, ``.;x``, ``;x``), holds a ``/``, a ``\\`` or a control
+character, or is not valid UTF-8 (overlong forms such as ``%c0%ae`` for ``.``) (else 400, ``invalid_path``).
+The local routes (:data:`LOCAL_PATHS`: chat completions, Anthropic messages, OpenAI responses, ``/v1/compress``
+and its schema) are matched exactly: a path that another server could read as one of them — differing in
+letter case, in a ``;`` parameter (``/v1/chat/completions;x``), in trailing or leading spaces or dots
+(``/v1/chat/completions%20``) or in Unicode compatibility forms — is refused rather than forwarded unvalidated.
+So one path means one thing to the proxy and to the upstream, and no redirect is ever built from the client's
+``Host``.
 
 The upstream URL is built from the parts of ``--upstream`` (scheme, host, port and base path), never by
 joining strings: the client's path below ``/v1`` is appended to the base path and its query string kept, and
@@ -16,6 +20,7 @@ the result is checked to have the base's scheme, host and port and a path under 
 from __future__ import annotations
 
 import re
+import unicodedata
 from urllib.parse import unquote_to_bytes
 
 import httpx
@@ -24,6 +29,8 @@ from rag_opt.server.errors import ErrorFormat, RequestError
 
 __all__ = [
     "CHAT_PATH",
+    "JSON_PATHS",
+    "LOCAL_PATHS",
     "MAX_PATH_BYTES",
     "MESSAGES_PATH",
     "OPTIMIZED_PATHS",
@@ -38,8 +45,12 @@ CHAT_PATH = "/v1/chat/completions"
 MESSAGES_PATH = "/v1/messages"  # the Anthropic Messages API
 RESPONSES_PATH = "/v1/responses"  # the OpenAI Responses API
 OPTIMIZED_PATHS = (CHAT_PATH, MESSAGES_PATH, RESPONSES_PATH)
+JSON_PATHS = (*OPTIMIZED_PATHS, "/v1/compress")  # routes answered here that take JSON bodies
+LOCAL_PATHS = (*JSON_PATHS, "/v1/compress/schema")  # routes answered here, never forwarded
 _BAD_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+_ESCAPE = re.compile(rb"%[0-9A-Fa-f]{2}")
 _CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
+_DECODINGS = 4  # percent-decoding rounds looked through (%25252e...); a segment still encoded after them is refused
 
 
 def _invalid(reason: str) -> RequestError:
@@ -66,19 +77,38 @@ def check_path(raw_path: bytes, path: str) -> None:
         raise _invalid("it has a backslash")
     if _BAD_ESCAPE.search(raw_path):
         raise _invalid("it has a '%' not followed by two hexadecimal digits")
+    canonical = []
     for segment in raw_path[1:].split(b"/"):
         if not segment:
             raise _invalid("it has an empty segment ('//' or a trailing '/')")
-        decoded = unquote_to_bytes(segment)
-        if decoded in (b".", b".."):
-            raise _invalid("it has a '.' or '..' segment")
+        canonical.append(_check_segment(segment))
+    alias = "/" + "/".join(canonical)
+    for local in LOCAL_PATHS:
+        if path != local and alias == local:
+            raise _invalid(f"another server could read it as {local} (letter case, ';', spaces or dots)")
+
+
+def _check_segment(segment: bytes) -> str:
+    """Refuse a path segment that is not plain (see the module docstring); its canonical form: decoded, cut at
+    a ``;``, stripped of spaces and dots, NFKC-normalised and case-folded (for :data:`LOCAL_PATHS` aliases)."""
+    stages = [segment]
+    while _ESCAPE.search(stages[-1]):
+        if len(stages) > _DECODINGS:
+            raise _invalid("it is percent-encoded too many times over")
+        stages.append(unquote_to_bytes(stages[-1]))
+    text = ""
+    for decoded in stages:  # as received, then decoded once, twice...
+        try:
+            text = decoded.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _invalid("it is not valid UTF-8 once decoded (an overlong or malformed sequence)") from None
         if b"/" in decoded or b"\\" in decoded:
             raise _invalid("it has an encoded '/' or '\\' (%2F, %5C)")
         if _CONTROL.search(decoded):
             raise _invalid("it has a control character")
-    for optimized in OPTIMIZED_PATHS:
-        if path != optimized and path.lower() == optimized:
-            raise _invalid(f"the path is {optimized}, in lower case")
+        if not decoded.split(b";", 1)[0].strip(b". "):
+            raise _invalid("it has a '.' or '..' segment (or one of only dots, or empty before a ';')")
+    return unicodedata.normalize("NFKC", text.split(";", 1)[0]).strip().strip(".").strip().casefold()
 
 
 def error_format(path: str) -> ErrorFormat:

@@ -1,21 +1,27 @@
 """The proxy's front door: the optional proxy access key, the request size limit, the access log, and the
 redaction used by ``--log-bodies``.
 
-The proxy key (``--api-key`` / ``RAG_OPT_API_KEY``) is accepted as ``X-RagOpt-Api-Key: <key>`` or as
-``Authorization: Bearer <key>`` and compared in constant time (:func:`hmac.compare_digest`). It never reaches
-the upstream: ``X-RagOpt-Api-Key`` is always removed, and so is every other header that carries the proxy key
-anywhere in its name or value (``Authorization: Token <key>``, ``Bearer<TAB><key>``, ``api-key: <key>``, Basic
-credentials...); the upstream then gets ``--upstream-api-key`` when one is configured, else no
-``Authorization``. ``GET /healthz``, ``/livez``, ``/readyz`` and ``/health`` are open (probes; they say nothing
-but the proxy's state); everything else, ``/metrics`` included, needs the key when one is set.
+The proxy key (``--api-key`` / ``RAG_OPT_API_KEY``, at least :data:`~rag_opt.server.settings.MIN_PROXY_KEY_CHARS`
+characters) is accepted as ``X-RagOpt-Api-Key: <key>`` or as ``Authorization: Bearer <key>`` and compared in
+constant time (:func:`hmac.compare_digest`). It never reaches the upstream: ``X-RagOpt-Api-Key`` is always
+removed, and so is every other header that carries the proxy key anywhere in its name or value — as it is,
+percent-encoded, in hexadecimal or in base64 (standard or URL-safe, padded or not, at any offset: ``Basic``
+credentials, ``Authorization: Token <key>``, ``Bearer<TAB><key>``, ``api-key: <key>``...) — and every query
+parameter that carries it (``?api_key=<key>``); the upstream then gets ``--upstream-api-key`` when one is
+configured, else no ``Authorization``. ``GET /healthz``, ``/livez``, ``/readyz`` and ``/health`` are open
+(probes; they say nothing but the proxy's state); everything else, ``/metrics`` included, needs the key when
+one is set.
 
 Before that, every request's path is checked (:func:`rag_opt.server.paths.check_path`: 414 when too long, 400
-when not plain), and a request that declares both ``Transfer-Encoding`` and ``Content-Length`` (a smuggling
-pattern) is answered 400 and its connection closed.
+when not plain), a request that declares both ``Transfer-Encoding`` and ``Content-Length`` (a smuggling
+pattern) is answered 400 and its connection closed, and, except on the probes, one whose ``Host`` the proxy
+does not answer to or that a browser sent cross-origin is answered 403 (:mod:`rag_opt.server.browser`: DNS
+rebinding, CSRF). After the key check, a body declared as anything but JSON on a JSON route is a 415.
 
 Credentials are never logged: the access log has the method, the path without its query string, the status and
 the time (a path cut at 200 characters); request and response bodies are logged only with ``--log-bodies``,
-and then through :func:`redact`.
+and then through :func:`redact`, their headers through :func:`redact_headers` (every header named like a
+credential: ``*key*``, ``*token*``, ``*auth*``, ``*secret*``, ``*session*``...).
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ import logging
 import re
 import time
 from collections.abc import Iterable
+from urllib.parse import unquote_to_bytes
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from rag_opt.server.browser import HostPolicy, check_browser, check_content_type
 from rag_opt.server.errors import ErrorFormat, RequestError, error_json
 from rag_opt.server.metrics import Metrics
-from rag_opt.server.paths import check_path, error_format
+from rag_opt.server.paths import JSON_PATHS, check_path, error_format
 
 __all__ = [
     "KEY_HEADER",
@@ -71,6 +79,8 @@ SENSITIVE_HEADERS = frozenset(
     }
 )
 LOG_BODY_LIMIT = 64 * 1024  # characters of a body that --log-bodies writes
+# header names that look like credentials (custom token headers: x-auth-token, x-goog-api-key, x-amz-security-token)
+_SENSITIVE_NAME = re.compile(r"key|token|secret|passw|auth|credential|session|cookie|signature", re.IGNORECASE)
 
 _JSON_SECRET = re.compile(
     r'("(?:[^"\\]|\\.)*?(?:api[_-]?key|apikey|authorization|password|passwd|secret|token|credential)'
@@ -99,7 +109,8 @@ def redact_headers(headers: Iterable[tuple[bytes, bytes]], secrets: Iterable[str
     lines = []
     for k, v in headers:
         name = k.decode("latin-1").lower()
-        value = "[redacted]" if name in SENSITIVE_HEADERS else redact(v.decode("latin-1"), secrets)
+        sensitive = name in SENSITIVE_HEADERS or _SENSITIVE_NAME.search(name) is not None
+        value = "[redacted]" if sensitive else redact(v.decode("latin-1"), secrets)
         lines.append(f"{name}: {value}")
     return "; ".join(lines)
 
@@ -137,13 +148,22 @@ class Guard:
     """ASGI middleware in front of the proxy app: key check, size limit on the declared length, access log."""
 
     def __init__(
-        self, app: ASGIApp, *, api_key: str | None, max_body_bytes: int, metrics: Metrics, secrets: tuple[str, ...]
+        self,
+        app: ASGIApp,
+        *,
+        api_key: str | None,
+        max_body_bytes: int,
+        metrics: Metrics,
+        secrets: tuple[str, ...],
+        hosts: HostPolicy | None = None,
     ) -> None:
         self.app = app
         self.key = api_key.encode("utf-8") if api_key else None
+        self.forms = _encoded_forms(self.key) if self.key else ()
         self.max_body_bytes = max_body_bytes
         self.metrics = metrics
         self.secrets = secrets
+        self.hosts = hosts if hosts is not None else HostPolicy.build("127.0.0.1")
 
     def authorize(self, headers: list[tuple[bytes, bytes]]) -> tuple[bool, list[tuple[bytes, bytes]]]:
         """(authorized, the headers without the proxy key). Without a configured key everyone is authorized."""
@@ -166,8 +186,34 @@ class Guard:
         ok = key is None or by_header or by_bearer
         # (searched only once authorized: an unauthorized request is never forwarded, and learns no timing)
         strip = key is not None and ok
-        kept = [(k, v) for k, v in headers if k.lower() != KEY_HEADER and not (strip and _carries(k, v, key or b""))]
+        kept = [(k, v) for k, v in headers if k.lower() != KEY_HEADER and not (strip and self.carries(k, v))]
         return ok, kept
+
+    def carries(self, *parts: bytes) -> bool:
+        """Whether any of ``parts`` (a header's name and value, a query parameter) carries the proxy key: as it
+        is, percent-encoded, in hexadecimal, in base64 (either alphabet, any padding or offset) or inside Basic
+        credentials."""
+        if self.key is None:
+            return False
+        texts = [t for p in parts for t in (p, unquote_to_bytes(p.replace(b"+", b" ")))]
+        if any(form in text for text in texts for form in self.forms):
+            return True
+        for text in texts:
+            scheme, _, cred = text.strip().partition(b" ")
+            if scheme.lower() == b"basic":
+                cred = cred.strip()
+                try:
+                    if self.key in base64.b64decode(cred + b"=" * (-len(cred) % 4), validate=False):
+                        return True
+                except (binascii.Error, ValueError):
+                    pass
+        return False
+
+    def strip_query(self, query: bytes) -> bytes:
+        """The query string without the parameters that carry the proxy key."""
+        if self.key is None or not query:
+            return query
+        return b"&".join(p for p in query.split(b"&") if not self.carries(p))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -218,8 +264,15 @@ class Guard:
             )
             await _send_json(send, 400, body, [(b"connection", b"close")])  # and close the connection
             return
+        if scope["path"] not in OPEN_PATHS:  # DNS rebinding, cross-origin browser requests
+            refused = check_browser(scope["headers"], self.hosts)
+            if refused is not None:
+                self.metrics.local_error("forbidden")
+                await _send_json(send, refused[0], error_json(refused[1], "invalid_request_error", refused[2], fmt))
+                return
         ok, headers = self.authorize(list(scope["headers"]))
-        scope = {**scope, "headers": headers}
+        query = scope.get("query_string", b"")
+        scope = {**scope, "headers": headers, "query_string": self.strip_query(query) if ok else query}
         if not ok and scope["path"] not in OPEN_PATHS:
             self.metrics.local_error("unauthorized")
             body = error_json(
@@ -247,20 +300,29 @@ class Guard:
                 self.metrics.local_error("too_large")
                 await _send_json(send, 413, too_large_body(self.max_body_bytes, fmt))
                 return
+        if scope["method"] == "POST" and scope["path"] in JSON_PATHS:  # a form or text/plain: a browser's CSRF
+            refused = check_content_type(headers)
+            if refused is not None:
+                self.metrics.local_error("invalid_request")
+                await _send_json(send, refused[0], error_json(refused[1], "invalid_request_error", refused[2], fmt))
+                return
         await self.app(scope, receive, send)
 
 
-def _carries(name: bytes, value: bytes, key: bytes) -> bool:
-    """Whether a header carries the proxy key: in its name or value, or inside Basic credentials."""
-    if key in name or key in value:
-        return True
-    scheme, _, cred = value.strip().partition(b" ")
-    if scheme.lower() == b"basic":
-        try:
-            return key in base64.b64decode(cred.strip(), validate=False)
-        except (binascii.Error, ValueError):
-            return False
-    return False
+def _encoded_forms(key: bytes) -> tuple[bytes, ...]:
+    """The proxy key as it may appear inside a header or a query: as it is, in hexadecimal, and the part of its
+    base64 encoding (standard and URL-safe) that does not depend on what precedes it, for each of the three
+    offsets it can start at in a longer base64 text (``Basic base64(user:key)``)."""
+    forms = {key, key.hex().encode(), key.hex().upper().encode()}
+    for shift in range(3):
+        encoded = base64.b64encode(b"\0" * shift + key)
+        first, end = -(-shift * 8 // 6), (shift + len(key)) * 8 // 6  # the characters made of the key's bits alone
+        core = encoded[first:end]
+        forms |= {core, core.translate(_URLSAFE)}
+    return tuple(f for f in forms if f)
+
+
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 
 def too_large_body(limit: int, fmt: ErrorFormat = "openai") -> bytes:

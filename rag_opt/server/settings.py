@@ -20,7 +20,8 @@ import ipaddress
 import os
 import re
 import types
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -31,11 +32,15 @@ from rag_opt.models.encoding_cache import DEFAULT_CACHE_BYTES
 from rag_opt.models.prompt import DEFAULT_ENCODING, ENCODINGS, template_for
 from rag_opt.text.language import check_language
 from rag_opt.types import ORDERING_NAMES, Budget, check_ordering
+from rag_opt.work import WorkLimits
 
 __all__ = [
     "DEFAULT_RATIO",
     "ENV_PREFIX",
+    "MIN_PROXY_KEY_CHARS",
+    "SERVICE_LIMITS",
     "ProxySettings",
+    "ServiceLimits",
     "add_settings_arguments",
     "cli_flag",
     "connection_limit",
@@ -48,6 +53,7 @@ DEFAULT_RATIO = 0.5
 _BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")
 _SECRETS = ("api_key", "upstream_api_key")
 FD_RESERVE = 64  # file descriptors kept for the listening socket, logs, model files, ...
+MIN_PROXY_KEY_CHARS = 16  # a proxy key is removed wherever it appears in a header: shorter ones match by chance
 
 
 def connection_limit(requested: int) -> int:
@@ -83,7 +89,8 @@ class ProxySettings(BaseModel):
     host: str = Field(default="127.0.0.1", description="address to listen on")
     port: int = Field(default=8000, ge=0, le=65535, description="port to listen on")
     upstream_api_key: SecretStr | None = Field(
-        default=None, description="replace the clients' Authorization with this key; never logged"
+        default=None,
+        description="replace the clients' credentials (Authorization, api-key, x-api-key) with this key; never logged",
     )
     # compression
     ratio: float | None = Field(
@@ -98,6 +105,15 @@ class ProxySettings(BaseModel):
         default=None,
         description="tokenizer of the upstream LLM, budgets are in its tokens: OpenAI model or tiktoken encoding "
         "name, or hf:<id>",
+    )
+    allowed_targets: str | None = Field(
+        default=None,
+        description="comma-separated tokenizers a /v1/compress request may name as its target, matched as written "
+        "(an OpenAI model name also when its encoding is listed): tiktoken encoding or OpenAI model names, "
+        "hf:<id or folder>. Each loads once, at start-up (on first use with --no-warmup); any other name is "
+        "refused before anything loads (default: o200k_base and cl100k_base, bundled for offline use; --target "
+        "is always allowed)",
+        json_schema_extra={"metavar": "TARGETS"},
     )
     language: str = Field(
         default="en",
@@ -154,6 +170,12 @@ class ProxySettings(BaseModel):
     )
     max_concurrency: int = Field(default=1, ge=1, description="optimizations running at once (worker threads)")
     max_queue: int = Field(default=8, ge=0, description="optimizations that may wait for a worker; beyond: overload")
+    max_lexical_queue: int = Field(
+        default=256,
+        ge=0,
+        description="lexical-tier optimizations (milliseconds each) that may wait for one of its workers, a worker "
+        "per core; beyond, or when the estimated wait exceeds the time budget: overload",
+    )
     on_overload: Literal["fail-open", "reject"] = Field(
         default="fail-open",
         description="when the optimizer is overloaded: forward unoptimized (fail-open) or answer 429 (reject)",
@@ -201,7 +223,14 @@ class ProxySettings(BaseModel):
     max_proxy_tokens: int = Field(
         default=65_536,
         ge=1,
-        description="an optimization stops before the proxy model runs when the context has more of its tokens",
+        description="an optimization stops before the proxy model runs when the context has more of its tokens "
+        "(the question counted once per forward pass it goes into)",
+    )
+    max_question_tokens: int = Field(
+        default=1024,
+        ge=1,
+        description="an optimization stops before segmentation when the question has more target tokens (a "
+        "question of more than 32 characters per token of this is over it without being counted)",
     )
     header_timeout: float = Field(
         default=10.0, gt=0, description="seconds a client has to send a request's headers; then a 408, and it is closed"
@@ -233,6 +262,19 @@ class ProxySettings(BaseModel):
         "logged, never forwarded",
     )
     log_bodies: bool = Field(default=False, description="log request and response bodies, credentials redacted")
+    allowed_hosts: str | None = Field(
+        default=None,
+        description="comma-separated host names the proxy answers to besides its listen address (in Host, checked "
+        "against DNS rebinding): a name, .example.com for it and its subdomains, or * for any (default: the listen "
+        "address; on loopback or 0.0.0.0/:: also localhost, 127.0.0.1 and ::1; on 0.0.0.0/:: any IP address)",
+        json_schema_extra={"metavar": "HOSTS"},
+    )
+    send_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="seconds a client may leave an answer unread (the proxy's send buffer full); then its connection "
+        "is closed",
+    )
 
     @field_validator("upstream")
     @classmethod
@@ -262,6 +304,33 @@ class ProxySettings(BaseModel):
             raise ConfigurationError("must be a non-empty key without surrounding whitespace")
         if v is not None and not v.get_secret_value().isprintable():
             raise ConfigurationError("must be printable characters")
+        return v
+
+    @field_validator("api_key")
+    @classmethod
+    def _proxy_key(cls, v: SecretStr | None) -> SecretStr | None:
+        # every header carrying the key is stripped before forwarding: a short key would match unrelated headers
+        if v is not None and len(v.get_secret_value()) < MIN_PROXY_KEY_CHARS:
+            raise ConfigurationError(
+                f"must be at least {MIN_PROXY_KEY_CHARS} characters (e.g. python -c 'import secrets; "
+                "print(secrets.token_urlsafe(32))')"
+            )
+        return v
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, v: str | None) -> str | None:
+        for part in (v or "").split(","):
+            name = part.strip()
+            if name and name != "*" and not re.fullmatch(r"\.?[A-Za-z0-9_.:\[\]-]+", name):
+                raise ConfigurationError(f"{name!r} is not a host name (a name, .example.com or *)")
+        return v
+
+    @field_validator("allowed_targets")
+    @classmethod
+    def _targets(cls, v: str | None) -> str | None:
+        if v is not None and not [p for p in v.split(",") if p.strip()]:
+            raise ConfigurationError("must name at least one tokenizer, e.g. o200k_base,cl100k_base")
         return v
 
     @field_validator("document_tag")
@@ -372,6 +441,59 @@ class ProxySettings(BaseModel):
             raise ConfigurationError("; ".join(lines)) from None
 
 
+# the limits on one optimization that every rag-opt service applies (rag-opt serve, rag-opt mcp)
+SERVICE_LIMITS = (
+    "max_documents",
+    "max_question_tokens",
+    "max_units",
+    "max_proxy_tokens",
+    "time_budget_ms",
+    "max_body_bytes",
+)
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    """The :data:`SERVICE_LIMITS` of a service: their defaults, bounds, flags and ``RAG_OPT_*`` variables are the
+    :class:`ProxySettings` fields of the same names, so ``rag-opt mcp`` limits a call as ``rag-opt serve`` limits
+    a request."""
+
+    max_documents: int
+    max_question_tokens: int
+    max_units: int
+    max_proxy_tokens: int
+    time_budget_ms: float
+    max_body_bytes: int
+
+    @classmethod
+    def of(cls, settings: ProxySettings) -> ServiceLimits:
+        return cls(**{name: getattr(settings, name) for name in SERVICE_LIMITS})
+
+    @classmethod
+    def from_sources(cls, cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> ServiceLimits:
+        """The limits from command-line values (None = not given) over their ``RAG_OPT_*`` variables, validated
+        as :meth:`ProxySettings.from_sources` validates them (the same messages)."""
+        env = os.environ if env is None else env
+        variables = {ENV_PREFIX + name.upper() for name in SERVICE_LIMITS}
+        given = {k: v for k, v in (cli or {}).items() if k in SERVICE_LIMITS}
+        settings = ProxySettings.from_sources(
+            {**given, "upstream": "http://limits.invalid"}, {k: v for k, v in env.items() if k in variables}
+        )
+        return cls.of(settings)
+
+    @property
+    def time_budget_s(self) -> float:
+        return self.time_budget_ms / 1e3
+
+    def work_limits(self) -> WorkLimits:
+        """The limits :func:`rag_opt.work.scope` enforces inside an optimization."""
+        return WorkLimits(
+            max_units=self.max_units,
+            max_proxy_tokens=self.max_proxy_tokens,
+            max_question_tokens=self.max_question_tokens,
+        )
+
+
 # -- the command line -----------------------------------------------------------------------------------------------
 def _extra(info: FieldInfo) -> dict[str, Any]:
     extra = info.json_schema_extra
@@ -398,8 +520,8 @@ def cli_flag(name: str) -> str:
     return f"--no-{dashed}" if _base_type(info.annotation) is bool and info.default is True else f"--{dashed}"
 
 
-def _help(name: str, info: FieldInfo) -> str:
-    text = info.description or name.replace("_", " ")
+def _help(name: str, info: FieldInfo, description: str | None = None) -> str:
+    text = description or info.description or name.replace("_", " ")
     base = _base_type(info.annotation)
     if base is bool:
         text = f"turn off (on by default): {text}" if info.default is True else f"{text} (off by default)"
@@ -414,20 +536,32 @@ def _help(name: str, info: FieldInfo) -> str:
     return text.replace("%", "%%")
 
 
-def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+def add_settings_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    names: Collection[str] | None = None,
+    descriptions: Mapping[str, str] | None = None,
+) -> None:
     """Add one command-line flag per :class:`ProxySettings` field to ``parser`` (help: the field's description;
     ``--ratio``, ``--target-tokens`` and ``--threshold`` exclude each other). A flag not given leaves its
-    attribute None, so :func:`settings_from_args` falls back to the environment, then the default."""
-    budget = parser.add_mutually_exclusive_group()
+    attribute None, so :func:`settings_from_args` falls back to the environment, then the default. ``names``:
+    only these fields (another command's flags for the same settings, e.g. :data:`SERVICE_LIMITS`), described by
+    ``descriptions`` where it has one of its own (its default, bounds and variable stay the field's)."""
+    wanted = set(ProxySettings.model_fields if names is None else names)
+    budget = parser.add_mutually_exclusive_group() if wanted & set(_BUDGET_FIELDS) else parser
     for name, info in ProxySettings.model_fields.items():
+        if name not in wanted:
+            continue
         flag, base = cli_flag(name), _base_type(info.annotation)
         target = budget if name in _BUDGET_FIELDS else parser
+        described = (descriptions or {}).get(name)
         if base is bool:
-            target.add_argument(flag, dest=name, action="store_const", const=not info.default, help=_help(name, info))
+            target.add_argument(
+                flag, dest=name, action="store_const", const=not info.default, help=_help(name, info, described)
+            )
             continue
         kwargs: dict[str, Any] = {
             "dest": name,
-            "help": _help(name, info),
+            "help": _help(name, info, described),
             "type": base if base in (int, float) else str,
         }
         choices = list(get_args(base)) if get_origin(base) is Literal else _extra(info).get("choices")

@@ -11,6 +11,7 @@ from rag_opt.server.metrics import Metrics
 from rag_opt.server.pool import OptimizerPool
 from rag_opt.server.security import redact
 from rag_opt.server.settings import ProxySettings
+from rag_opt.server.targets import AllowedTargets
 from rag_opt.server.upstream import Upstream
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -59,7 +60,8 @@ class ProxyState:
     """Everything one proxy app holds (``app.state.ragopt``).
 
     ``optimizer_state`` is ``cold`` (not loaded), ``loading``, ``ready`` or ``failed`` (the proxy model did not
-    load: the proxy serves in pass-through mode). ``cache`` is the encoding cache every request and worker shares
+    load: the proxy serves in pass-through mode). ``pool`` runs the proxy model's optimizations and
+    :attr:`lexical_pool` the lexical tier's. ``cache`` is the encoding cache every request and worker shares
     (the optimizer's; built from the settings for the optimizer the app builds), or None; ``encoding`` the
     optimizer's encoding (None: an optimizer that does not say).
     """
@@ -114,6 +116,21 @@ class ProxyState:
         self.metrics.encoding_cache = lambda: self.cache
         self.metrics.encoding = lambda: self.encoding
         self.upstream = Upstream(settings, self.metrics, self.secrets)
+        # the target tokenizers a request may name (/v1/compress): only these ever load
+        self.targets = AllowedTargets(settings.allowed_targets, settings.target)
+        self._lexical_pool: OptimizerPool | None = None
+
+    @property
+    def lexical_pool(self) -> OptimizerPool:
+        """The lexical tier's worker pool, started on first use: a worker per core (few threads, little memory),
+        ``--max-lexical-queue`` more waiting, at the optimizer's lower CPU priority; no micro-batching (a lexical
+        run takes milliseconds)."""
+        if self._lexical_pool is None:
+            from rag_opt.models.threads import available_cores
+
+            s = self.settings
+            self._lexical_pool = OptimizerPool(available_cores(), s.max_lexical_queue, self.metrics, s.optimizer_nice)
+        return self._lexical_pool
 
     @property
     def ready(self) -> bool:
@@ -137,6 +154,8 @@ class ProxyState:
         return f"{type(exc).__name__}: {redact(str(exc), self.secrets)}"
 
     async def aclose(self) -> None:
-        """Close the upstream client and stop the worker pool."""
+        """Close the upstream client and stop the worker pools."""
         await self.upstream.aclose()
         self.pool.shutdown()
+        if self._lexical_pool is not None:
+            self._lexical_pool.shutdown()

@@ -3,11 +3,13 @@
 One shared ``httpx.AsyncClient`` per app. A forwarded request keeps the client's method, path below ``/v1``
 (appended to the upstream's base path: :func:`rag_opt.server.paths.upstream_url`), query string, headers and
 body, less hop-by-hop headers, ``Host``/``Content-Length``/``Expect`` (the body was read already), rag-opt's own
-``x-ragopt-*`` headers, and the client's credentials when ``--upstream-api-key`` replaces them (sent as
-``Authorization: Bearer <key>``, or as ``x-api-key: <key>`` on the Anthropic route). Forwarding
-headers are the proxy's to set: ``X-Forwarded-For`` names the real peer (appended to the client's own list
-only when the peer is one of ``--trusted-proxies``); from other peers, ``X-Forwarded-*``, ``X-Real-IP``,
-``Forwarded`` and the like are removed.
+``x-ragopt-*`` headers, and the client's credentials (``Authorization``, ``api-key``, ``x-api-key``: every one of
+them) when ``--upstream-api-key`` replaces them: it is sent as ``x-api-key: <key>`` on Anthropic requests (the
+Messages route, any path under it, and any request with an ``anthropic-version`` header), else as
+``Authorization: Bearer <key>``. Forwarding headers are the proxy's to set: ``X-Forwarded-For`` names the real
+peer (appended to the client's own list only when the peer is one of ``--trusted-proxies``); from other peers,
+``X-Forwarded-*``, ``X-Real-IP``, ``Forwarded``, ``CF-Connecting-IP``, ``Client-IP``, ``X-Originating-IP`` and
+the like (:data:`FORWARDING_HEADERS`) are removed.
 
 Upstream responses (status, headers, body bytes) are relayed as they arrive, so streamed server-sent events
 reach the client chunk by chunk; a successful JSON response that is not too large is checked
@@ -32,12 +34,12 @@ from starlette.types import Receive, Scope, Send
 
 from rag_opt.server.errors import ErrorFormat, RequestError, error_response
 from rag_opt.server.metrics import Metrics
-from rag_opt.server.paths import upstream_url
+from rag_opt.server.paths import MESSAGES_PATH, upstream_url
 from rag_opt.server.pool import off_loop
 from rag_opt.server.security import body_for_log, body_log, redact_headers
 from rag_opt.server.settings import ProxySettings, connection_limit
 
-__all__ = ["FORWARDING_HEADERS", "HOP_BY_HOP", "VALIDATE_BYTES", "Upstream", "parse_networks"]
+__all__ = ["CREDENTIAL_HEADERS", "FORWARDING_HEADERS", "HOP_BY_HOP", "VALIDATE_BYTES", "Upstream", "parse_networks"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +69,27 @@ FORWARDING_HEADERS = frozenset(
         "x-forwarded-prefix",
         "x-forwarded-proto",
         "x-forwarded-server",
+        "x-forwarded",
+        "forwarded-for",
+        "x-original-forwarded-for",
         "x-real-ip",
         "x-client-ip",
+        "client-ip",
         "true-client-ip",
         "x-cluster-client-ip",
+        "cf-connecting-ip",
+        "cf-connecting-ipv6",
+        "fastly-client-ip",
+        "x-originating-ip",
+        "x-remote-ip",
+        "x-remote-addr",
+        "x-envoy-external-address",
+        "x-original-url",
+        "x-rewrite-url",
     }
 )
+# the client's credentials: all of them replaced by --upstream-api-key when one is set (the upstream gets one key)
+CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 VALIDATE_BYTES = 16 * 1024 * 1024  # successful JSON responses up to this size are checked before relaying
 
 
@@ -92,6 +109,12 @@ def _trusted(peer: str | None, networks: tuple[Network, ...]) -> bool:
     except ValueError:
         return False
     return any(address in n for n in networks)
+
+
+def _anthropic(request: Request) -> bool:
+    """Whether a request is for Anthropic's API: under ``/v1/messages``, or with an ``anthropic-version``."""
+    path = request.scope["path"]
+    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/") or "anthropic-version" in request.headers
 
 
 def _connection_listed(values: list[str]) -> set[str]:
@@ -244,7 +267,9 @@ class Upstream:
         drop = drop | _connection_listed(request.headers.getlist("connection"))
         key = self.settings.upstream_api_key
         if key is not None:
-            drop = drop | {"authorization", "api-key", key_header}
+            drop = drop | CREDENTIAL_HEADERS | {key_header}
+            if key_header == "authorization" and _anthropic(request):
+                key_header = "x-api-key"
         client = request.scope.get("client")
         peer = client[0] if client else None
         trusted = _trusted(peer, self.trusted)

@@ -1,12 +1,14 @@
 """Sentence segmentation with exact character offsets.
 
 :func:`segment` partitions a text into contiguous, non-empty :class:`Segment` spans (sentences, headings, list
-items and *protected* units: fenced code, pipe tables and JSON blocks). Joining the spans rebuilds the input
-byte for byte, so a compressor can drop segments and keep exact offsets into the original document.
+items and *protected* units: fenced code, tables (Markdown pipe tables, and comma, tab or semicolon separated
+values with a header line) and JSON blocks). Joining the spans rebuilds the input byte for byte, so a compressor
+can drop segments and keep exact offsets into the original document.
 
 Prose is split by the offline ``sentencex`` library; this module adds the structure it does not know about:
 
-* protected units are detected first and are never split (they are kept or dropped whole);
+* protected units are detected first and are never split into sentences (the unit table cuts large ones at
+  their own grain, into JSON items, table rows and code lines: :mod:`rag_opt.text.structure`);
 * blank lines are paragraph breaks, Markdown headings are their own segment, list items start a new segment;
 * single newlines inside a paragraph (hard-wrapped text) are not boundaries on their own;
 * whitespace between two segments belongs to the end of the preceding one, so every segment but the first
@@ -15,6 +17,7 @@ Prose is split by the offline ``sentencex`` library; this module adds the struct
 
 from __future__ import annotations
 
+import csv
 import logging
 import re
 from collections.abc import Sequence
@@ -44,7 +47,7 @@ class Segment:
 
     @property
     def protected(self) -> bool:
-        """True for code, tables and JSON: never split, kept or dropped whole."""
+        """True for code, tables and JSON: never split into sentences (see :mod:`rag_opt.text.structure`)."""
         return self.kind in _PROTECTED_KINDS
 
     def text_of(self, text: str) -> str:
@@ -164,6 +167,49 @@ def _table_run_end(text: str, lines: Sequence[tuple[int, int]], i: int) -> tuple
     return last, n_lines >= 2 and (has_separator or all_piped)
 
 
+_CSV_DELIMITERS = (",", "\t", ";")
+_CSV_MIN_LINES = 3  # a header and two rows
+_CSV_HEADER_FIELD_CHARS = 64
+_CSV_HEADER_FIELD_WORDS = 4
+
+
+def _csv_fields(line: str, delimiter: str) -> list[str]:
+    if delimiter not in line:
+        return []
+    try:
+        return next(csv.reader([line], delimiter=delimiter))
+    except csv.Error:
+        return []
+
+
+def _csv_header(fields: list[str]) -> bool:
+    """Column names: every one present, short, a few words at most (prose with commas is not a header)."""
+    return all(
+        f.strip() and len(f) <= _CSV_HEADER_FIELD_CHARS and len(f.split()) <= _CSV_HEADER_FIELD_WORDS for f in fields
+    )
+
+
+def _csv_run_end(text: str, lines: Sequence[tuple[int, int]], i: int) -> tuple[int, bool]:
+    """Delimiter-separated values from line ``i``: the index of the run's last line and whether it is a table (at
+    least three lines, the same number (2 or more) of comma, tab or semicolon separated fields on every line, and a
+    header line of column names). Otherwise the index of the last line known not to start such a table."""
+    first = _content(text, lines[i])
+    last = i
+    for delimiter in _CSV_DELIMITERS:
+        header = _csv_fields(first, delimiter)
+        if len(header) < 2:
+            continue
+        j = i + 1
+        while j < len(lines) and not _is_blank(text, lines[j]):
+            if len(_csv_fields(_content(text, lines[j]), delimiter)) != len(header):
+                break
+            j += 1
+        if j - i >= _CSV_MIN_LINES and _csv_header(header):
+            return j - 1, True
+        last = max(last, j - 1 if j - i >= _CSV_MIN_LINES else i)
+    return last, False
+
+
 def _can_interrupt(line: str) -> bool:
     """Whether a list-item line may interrupt a paragraph (CommonMark: a bullet, or an ordered "1." / "a)").
 
@@ -184,6 +230,7 @@ def _blocks(text: str) -> list[_Block]:
     blocks: list[_Block] = []
     prose_open = False  # whether the last block is a paragraph / list item a following line may continue
     no_table_until = -1  # lines up to this index are known not to start a table (avoids quadratic rescans)
+    no_csv_until = -1  # the same for delimiter-separated values
     no_json_before = -1  # lines ending at or before this offset lay inside a failed multi-line JSON parse
     i = 0
     n = len(lines)
@@ -207,6 +254,12 @@ def _blocks(text: str) -> list[_Block]:
                 last, kind = run_last, "table"
             else:
                 no_table_until = run_last
+        if kind is None and i > no_csv_until:
+            csv_last, is_csv = _csv_run_end(text, lines, i)
+            if is_csv:
+                last, kind = csv_last, "table"
+            else:
+                no_csv_until = csv_last
         if kind is None:
             json_last: int | None = None
             if span[1] > no_json_before:

