@@ -394,7 +394,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     log = tempfile.NamedTemporaryFile(prefix="rag-opt-load-proxy-", suffix=".log", delete=False)  # noqa: SIM115
     print(f"proxy log: {log.name}", file=sys.stderr)
     cmd = [sys.executable, "-m", "rag_opt.cli", "serve", "--upstream", f"{up_url}/v1", "--port", str(proxy_port)]
-    cmd += ["--max-concurrency", str(args.max_concurrency), "--max-queue", str(args.max_queue)]
+    cmd += ["--max-concurrency", str(args.max_concurrency)]
+    if args.max_queue is not None:  # else the server's default for its encoding
+        cmd += ["--max-queue", str(args.max_queue)]
     cmd += ["--time-budget-ms", str(args.time_budget_ms), "--ratio", str(args.ratio)]
     cmd += ["--optimizer-nice", str(args.optimizer_nice)]
     cmd += shlex.split(args.serve_args)
@@ -576,10 +578,11 @@ def print_report(res: dict[str, Any]) -> None:
         if c["loop"] == "open"
         else f"{c['clients']} clients"
     )
+    queue = c["proxy"]["max_queue"] if c["proxy"]["max_queue"] is not None else "default"
     print(
         f"\nrag-opt proxy load test: {loop} x {c['seconds']:.0f} s per side, loopback, "
         f"{c['machine']['cpus']} CPUs; proxy: {c['proxy']['max_concurrency']} worker(s), queue "
-        f"{c['proxy']['max_queue']}, budget {c['proxy']['time_budget_ms']:.0f} ms, optimizer nice "
+        f"{queue}, budget {c['proxy']['time_budget_ms']:.0f} ms, optimizer nice "
         f"{c['proxy']['optimizer_nice']}; started in {res['startup_s']:.1f} s"
     )
     u = res["unloaded"]
@@ -663,7 +666,9 @@ def main() -> None:
     p.add_argument("--optimized", type=int, default=5, help="unloaded context requests per side")
     p.add_argument("--context-share", type=float, default=0.4, help="share of requests with context (half streamed)")
     p.add_argument("--max-concurrency", type=int, default=1, help="proxy optimizer workers")
-    p.add_argument("--max-queue", type=int, default=8, help="proxy optimizer queue")
+    p.add_argument(
+        "--max-queue", type=int, default=None, help="proxy optimizer queue (default: the server's for its encoding)"
+    )
     p.add_argument("--time-budget-ms", type=float, default=10_000)
     p.add_argument("--optimizer-nice", type=int, default=10, help="proxy --optimizer-nice (0: same priority)")
     p.add_argument("--ratio", type=float, default=0.5)

@@ -73,7 +73,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for n in sorted(sizes, reverse=True):  # the largest first: its documents cover the smaller contexts
             insts = [NQInstance(ex, n, g) for g in GRID[n]]
             feats = extract_batch(
-                proxy, [(i.units(), ex.question) for i in insts], layers=depth, encoding="parallel", cache=cache
+                proxy,
+                [(i.units(), ex.question) for i in insts],
+                layers=depth,
+                encoding="parallel",
+                cache=cache,
+                cross=sentence.layout.needs_cross,  # the cross-document reading, when the sentence probe reads it
             )
             per_doc = []
             for inst, attn in zip(insts, feats, strict=True):

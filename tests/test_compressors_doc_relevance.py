@@ -202,7 +202,7 @@ def nq_result():
 
     ex = _nq(1)[0]
     docs = _docs(ex, 10, 4)
-    opt = ContextOptimizer(ordering="relevance")
+    opt = ContextOptimizer(ordering="relevance", encoding="joint")  # Found-in-the-Middle calibration reads jointly
     return ex, docs, opt, opt.optimize(ex.question, docs)
 
 
@@ -216,7 +216,7 @@ def test_optimize_reports_calibrated_document_relevance(nq_result):
     assert all(s is not None and 0.0 < s < 1.0 for s in scores)
     assert scores == sorted(scores, reverse=True)  # relevance ordering follows the calibrated scores
     # without calibration the document score is the best sentence's score: the calibrated run's raw_score
-    plain = ContextOptimizer(ordering="relevance", calibrate=False).optimize(ex.question, docs)
+    plain = ContextOptimizer(ordering="relevance", calibrate=False, encoding="joint").optimize(ex.question, docs)
     assert not plain.calibrated
     raw = {d.index: d.raw_score for d in res.documents}
     for d in plain.documents:
@@ -239,10 +239,10 @@ def test_uncalibrated_size_says_so():
     from rag_opt import optimize
 
     ex = _nq(1)[0]
-    res = optimize(ex.question, _docs(ex, 3, 1), ordering="lost_in_the_middle")
+    res = optimize(ex.question, _docs(ex, 3, 1), ordering="lost_in_the_middle", encoding="joint")
     assert not res.calibrated
     assert any("rag-opt calibrate --n-docs 3" in w for w in res.warnings)
-    placed = optimize(ex.question, _docs(ex, 3, 1), ordering="calibrated")
+    placed = optimize(ex.question, _docs(ex, 3, 1), ordering="calibrated")  # the default (parallel) encoding too
     assert any("10-document profile resampled to 3 slots" in w for w in placed.warnings)
 
 
@@ -319,13 +319,48 @@ def test_train_doc_probe_command_end_to_end(tmp_path, capsys):
 
 
 @pytest.mark.model
+def test_train_doc_probe_parallel_end_to_end(tmp_path, capsys):
+    """Under parallel encoding the document probe needs no calibration profile, reads the same passages once for
+    every N, is refused under the joint encoding, and scores documents the same in every slot."""
+    from rag_opt.cli import main
+    from rag_opt.compressors import SentinelCompressor
+    from rag_opt.compressors.doc_relevance import PARALLEL_DOC_BLOCKS
+    from rag_opt.errors import ProbeMismatchError
+    from rag_opt.text.units import UnitTable
+    from rag_opt.training.units import titled_units
+    from tests.helpers import data_path
+
+    data_path("nq_multidoc", "public.jsonl.gz")
+    out = str(tmp_path / "doc.json")
+    args = ["train-doc-probe", "--encoding", "parallel", "--n-docs", "3,5", "--limit", "8", "--layers", "4"]
+    args += ["--cache", str(tmp_path / "f"), "--store", str(tmp_path / "no-profiles"), "--dtype", "float32"]
+    assert main([*args, "--out", out]) == 0
+    assert "5-fold Recall@1" in capsys.readouterr().out
+    probe = Probe.load(out)
+    assert probe.layout.blocks == PARALLEL_DOC_BLOCKS and probe.layout.num_layers == 4
+    assert probe.metadata["encoding"] == "parallel" and probe.metadata["template"] == "ctx-q-par-v1"
+    assert probe.metadata["questions"] == 16  # 8 questions at 3 and at 5 documents
+    ex = _nq(1)[0]
+    sentinel = SentinelCompressor.from_model(doc_probe=out, encoding="parallel", dtype="float32")
+    a = sentinel.score(ex.question, UnitTable.titled(titled_units(ex.documents(4, 0))))
+    b = sentinel.score(ex.question, UnitTable.titled(titled_units(ex.documents(4, 3))))
+    assert not a.calibrated and a.doc.shape == (4,)
+    np.testing.assert_allclose(a.doc[0], b.doc[3], rtol=1e-4)  # the gold passage scores alike in slots 1 and 4
+    with pytest.raises(ProbeMismatchError):
+        SentinelCompressor.from_model(doc_probe=out, encoding="joint", dtype="float32")
+    blocks = ["--blocks", "doc_ratio_last,doc_lexical"]
+    assert main([*args, *blocks, "--out", out, "--cached-only"]) == 2
+    assert "calibration profile" in capsys.readouterr().err
+
+
+@pytest.mark.model
 def test_cli_calibrated_ordering_and_opt_out(tmp_path, capsys):
     from rag_opt.cli import main
 
     ex = _nq(1)[0]
     path = tmp_path / "docs.jsonl"
     path.write_text("".join(json.dumps(d) + "\n" for d in _docs(ex, 10, 9)))
-    base = ["optimize", "-q", ex.question, "-i", str(path), "--ordering", "calibrated", "--json"]
+    base = ["optimize", "-q", ex.question, "-i", str(path), "--ordering", "calibrated", "--json", "--encoding", "joint"]
     assert main(base) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["calibrated"] is True and out["ordering"] == "calibrated" and len(out["documents"]) == 10

@@ -160,14 +160,103 @@ def test_a_document_longer_than_a_block_is_split_into_blocks_of_whole_units(prox
     assert feats.windows == 1 and (feats.unit_tokens > 0).all()
 
 
-def test_cross_document_rows_need_the_joint_encoding(proxy):
+def test_an_unknown_encoding_is_refused(proxy):
     from rag_opt.errors import InvalidInputError
     from rag_opt.models.extract import extract
 
-    with pytest.raises(InvalidInputError, match="joint encoding"):
-        extract(proxy, [["A sentence."]], "q?", layers=2, cross=True, encoding="parallel")
     with pytest.raises(InvalidInputError, match="unknown encoding"):
         extract(proxy, [["A sentence."]], "q?", layers=2, encoding="sideways")
+
+
+def _reference_cross(proxy, docs, question, depth):
+    """Cross-document reading computed independently of rag-opt's capture: keys from transformers' own cache of
+    ``prefix + block``, each source's query from the layer's input (hidden states, input norm, q_proj) with the
+    rotary embedding applied directly at the question pass's first position, then the softmax over the context's
+    unit tokens and the average over other documents' sources (see rag_opt.models.parallel_cross)."""
+    import torch
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from rag_opt.models.parallel import parallel_prompt
+
+    assert depth <= 3  # _joint_states reads three layers
+    prompt = parallel_prompt(proxy.tokenizer, docs, question, max_block_tokens=4096)
+    base = proxy.model.model
+    heads, kvh = proxy.num_heads, proxy.model.config.num_key_value_heads
+    p = len(prompt.prefix)
+    keys, tok_unit, tok_doc, src_q, src_doc = [], [], [], [], []
+    for block in prompt.blocks:
+        k = _joint_states(proxy, prompt.prefix, block.ids)[0]  # (3 layers, KVH, n, d)
+        qs = []
+        with torch.inference_mode():
+            hs = base(input_ids=torch.tensor([[*prompt.prefix, *block.ids]]), output_hidden_states=True).hidden_states
+            for layer in range(depth):
+                attn = base.layers[layer].self_attn
+                x = base.layers[layer].input_layernorm(hs[layer])[0, [p + i for i in block.ends]]  # (S, hidden)
+                q = attn.q_proj(x).view(len(block.ends), heads, -1).transpose(0, 1)[None]  # (1, H, S, d)
+                cos, sin = base.rotary_emb(q, torch.full((1, len(block.ends)), prompt.question_start))
+                q, _ = apply_rotary_pos_emb(q, q, cos, sin)
+                qs.append(q[0])
+        src_q.append(torch.stack(qs))  # (L, H, S, d)
+        src_doc += [block.doc] * len(block.ends)
+        keep = [i for i, u in enumerate(block.unit_of) if u >= 0]
+        keys.append(torch.from_numpy(k[:, :, keep]))
+        tok_unit += [block.unit_of[i] for i in keep]
+        tok_doc += [block.doc] * len(keep)
+    key = torch.cat(keys, dim=2)  # (L, KVH, C, d)
+    q_all = torch.cat(src_q, dim=2)  # (L, H, S, d)
+    tok_unit, tok_doc, src_doc = np.array(tok_unit), np.array(tok_doc), np.array(src_doc)
+    n_ctx = len(tok_unit)
+    out = np.zeros((prompt.n_units, depth, heads))
+    for layer in range(depth):
+        k = key[layer].repeat_interleave(heads // kvh, dim=0)  # (H, C, d)
+        probs = torch.softmax(q_all[layer] @ k.transpose(-1, -2) / q_all.shape[-1] ** 0.5, dim=-1).numpy()
+        for u in range(prompt.n_units):
+            others = src_doc != tok_doc[tok_unit == u][0]
+            toks = tok_unit == u
+            out[u, layer] = probs[:, others][:, :, toks].sum(axis=(1, 2)) * n_ctx / (others.sum() * toks.sum())
+    return out
+
+
+def test_cross_reading_equals_an_independent_reference(proxy):
+    """The parallel cross-document reading (cached source queries moved by rotation, read against the cached
+    keys) equals the same quantity computed from transformers' own states with no rag-opt capture."""
+    from rag_opt.models.extract import extract
+
+    ex = hotpot_dev(1)[0]
+    docs = _docs(ex, 3)
+    feats = extract(proxy, docs, ex["question"], layers=3, encoding="parallel", cross=True)
+    ref = _reference_cross(proxy, docs, ex["question"], 3)
+    assert feats.cross is not None and feats.cross_sources is not None
+    np.testing.assert_allclose(feats.cross, ref, rtol=2e-3, atol=1e-5)
+    sizes = [len(d) for d in docs]  # every unit of a document averages the sources of the other documents
+    assert feats.cross_sources.tolist() == [sum(sizes) - n for n in sizes for _ in range(n)]
+
+
+def test_cross_reading_is_cached_and_depends_on_no_order_or_question(proxy):
+    """Cached and uncached cross readings are identical; a block cached without its source queries is encoded
+    again; reversed documents and another question give each unit the same values."""
+    from rag_opt.models.encoding_cache import EncodingCache
+    from rag_opt.models.extract import extract
+
+    ex = hotpot_dev(1)[0]
+    docs = _docs(ex, 4)
+    cache = EncodingCache()
+    plain = extract(proxy, docs, ex["question"], layers=3, encoding="parallel", cache=cache)
+    assert plain.cross is None and plain.cache_misses == len(docs)
+    cold = extract(proxy, docs, ex["question"], layers=3, encoding="parallel", cross=True, cache=cache)
+    assert cold.cache_misses == len(docs)  # cached without source queries: read again, with them
+    warm = extract(proxy, docs, ex["question"], layers=3, encoding="parallel", cross=True, cache=cache)
+    assert warm.cache_hits == len(docs) and warm.cache_misses == 0
+    np.testing.assert_array_equal(warm.cross, cold.cross)
+    np.testing.assert_array_equal(warm.unit, plain.unit)  # the other features do not change
+    rev = extract(proxy, docs[::-1], "Which one is it?", layers=3, encoding="parallel", cross=True)
+    starts = np.cumsum([0] + [len(d) for d in docs])
+    rstarts = np.cumsum([0] + [len(d) for d in docs[::-1]])
+    for d in range(len(docs)):
+        r = len(docs) - 1 - d
+        np.testing.assert_allclose(
+            cold.cross[starts[d] : starts[d + 1]], rev.cross[rstarts[r] : rstarts[r + 1]], rtol=1e-3, atol=1e-5
+        )
 
 
 def test_question_mask_masks_padding_and_other_questions():

@@ -139,7 +139,9 @@ def test_requests_share_the_cache_and_report_their_hits(upstream: tuple[FakeUpst
             assert r.headers["x-ragopt-status"] == "optimized" and r.headers["x-ragopt-encoding"] == "parallel"
         assert (first.headers["x-ragopt-cache-hits"], first.headers["x-ragopt-cache-misses"]) == ("0", str(len(DOCS)))
         assert (second.headers["x-ragopt-cache-hits"], second.headers["x-ragopt-cache-misses"]) == (str(len(DOCS)), "0")
-        assert len(list(tmp_path.glob("??/*.safetensors"))) == len(DOCS) + 1  # the blocks and the prefix, on disk
+        # on disk: each block's states and its sentence ends' queries (the probe reads the cross-document reading),
+        # and the prefix
+        assert len(list(tmp_path.glob("??/*.safetensors"))) == 2 * len(DOCS) + 1
 
         docs = [{"text": d["text"], "id": d["id"], "title": d["title"]} for d in DOCS]
         compressed = httpx.post(f"{url}/v1/compress", json={"question": "Who?", "documents": docs}, timeout=None)
@@ -154,15 +156,16 @@ def test_requests_share_the_cache_and_report_their_hits(upstream: tuple[FakeUpst
         stats = httpx.get(f"{url}/stats").json()
         assert stats["encoding"] == "parallel"
         assert stats["encoding_cache"] == state.cache.stats().to_dict()
-        assert stats["encoding_cache"]["hits"] >= 2 * len(DOCS) and stats["encoding_cache"]["entries"] == len(DOCS) + 1
+        cache_stats = stats["encoding_cache"]
+        assert cache_stats["hits"] >= 2 * len(DOCS) and cache_stats["entries"] == 2 * len(DOCS) + 1
 
         metrics = parse_metrics(httpx.get(f"{url}/metrics").text)
         assert metrics["ragopt_encoding_cache_hits_total"] == stats["encoding_cache"]["hits"]
         assert metrics["ragopt_encoding_cache_misses_total"] == stats["encoding_cache"]["misses"]
-        assert metrics["ragopt_encoding_cache_disk_writes_total"] == len(DOCS) + 1
+        assert metrics["ragopt_encoding_cache_disk_writes_total"] == 2 * len(DOCS) + 1
         for name in ("disk_hits_total", "disk_corrupt_total", "evictions_total"):
             assert metrics[f"ragopt_encoding_cache_{name}"] == 0
-        assert metrics["ragopt_encoding_cache_entries"] == len(DOCS) + 1
+        assert metrics["ragopt_encoding_cache_entries"] == 2 * len(DOCS) + 1
         assert metrics["ragopt_encoding_cache_bytes"] == stats["encoding_cache"]["bytes"] > 0
         assert metrics["ragopt_encoding_cache_max_bytes"] == DEFAULT_CACHE_BYTES
 

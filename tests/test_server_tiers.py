@@ -336,7 +336,13 @@ def test_tier_batching_and_thread_settings():
     assert (s.threads, s.batch_wait_ms, s.lexical_tier, s.lexical_over_tokens) == ("2", 0.0, False, 4000)
     defaults = ProxySettings(upstream="http://127.0.0.1:9/v1")
     assert defaults.lexical_tier and defaults.lexical_over_tokens is None and defaults.threads == "adaptive"
-    assert defaults.batch_wait_ms > 0 and defaults.max_batch > 1
+    assert defaults.batch_wait_ms > 0 and defaults.batch_bound > 1
+    # the pool's defaults follow the encoding: long queues and big batches where queued questions share a pass
+    parallel = ProxySettings(upstream="http://127.0.0.1:9/v1", encoding="parallel")
+    joint = ProxySettings(upstream="http://127.0.0.1:9/v1", encoding="joint")
+    assert (parallel.queue_bound, parallel.batch_bound, joint.queue_bound, joint.batch_bound) == (64, 16, 8, 4)
+    explicit = ProxySettings(upstream="http://127.0.0.1:9/v1", encoding="parallel", max_queue=2, max_batch=1)
+    assert (explicit.queue_bound, explicit.batch_bound) == (2, 1)
     with pytest.raises(ValueError, match="threads"):
         ProxySettings.from_sources({"upstream": "http://127.0.0.1:9/v1", "threads": "many"}, env={})
     state = ProxyState(ProxySettings(upstream="http://127.0.0.1:9/v1", max_concurrency=3), None)

@@ -77,3 +77,22 @@ def test_cli_language_option(capsys, tmp_path):
     assert len(units[2]) == 1
     code = main(["optimize", "-q", "Wo?", "-i", str(f), "--language", "de DE"])
     assert code == 2 and "language must be an ISO 639 code" in capsys.readouterr().err
+
+
+def test_remembered_terms_equal_fresh_ones_per_language_and_stay_bounded(monkeypatch):
+    """The lexical tokenizer's memo (the same documents come back with every question) returns what tokenizing
+    afresh returns, keeps languages apart, hands out copies, and never holds more than its bound."""
+    import bm25s
+
+    from rag_opt.compressors import lexical
+
+    texts = [f"The {w} river flows through the old town number {i}." for i, w in enumerate(["Rhine", "Main"] * 20)]
+    fresh = [list(t) for t in bm25s.tokenize(texts, stopwords=list(stopwords("en")), return_ids=False)]
+    assert lexical._tokens(texts, "en") == fresh
+    assert lexical._tokens(texts[::-1], "en") == fresh[::-1]  # now from the memo, in the caller's order
+    lexical._tokens(texts, "en")[0].append("mutated")  # callers get copies
+    assert lexical._tokens(texts[:1], "en") == fresh[:1]
+    assert lexical._tokens(["Die Stadt und der Fluss"], "de") != lexical._tokens(["Die Stadt und der Fluss"], "en")
+    monkeypatch.setattr(lexical, "TOKEN_MEMO", 5)
+    lexical._tokens([f"text number {i}" for i in range(50)], "en")
+    assert len(lexical._memo) <= 5

@@ -44,6 +44,7 @@ from rag_opt.errors import RagOptError
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.models.encoding_cache import EncodingCache
+    from rag_opt.models.parallel import Block
 
 __all__ = ["DocumentIndexer", "IndexSummary", "RayIndexer", "RowResult", "parse_row", "register", "run_index"]
 
@@ -90,6 +91,7 @@ class DocumentIndexer:
         if proxy is None or layers_of is None:  # pragma: no cover - the default scorer is the Sentinel scorer
             raise UserError("rag-opt index needs the proxy model's scorer")
         self.proxy = proxy
+        self.cross = bool(getattr(scorer, "cross", False))  # the sentence probe reads the cross-document reading
         if layers is not None:
             depths = {int(layers)} if isinstance(layers, int) else {int(n) for n in layers}
             if not depths or not all(1 <= n <= proxy.num_layers for n in depths):
@@ -116,8 +118,8 @@ class DocumentIndexer:
             ids, model=self.model_name, dtype=self.dtype, depth=depth, template=PARALLEL_TEMPLATE_ID, kind=kind
         )
 
-    def blocks(self, document: dict[str, Any]) -> list[tuple[int, ...]]:
-        """The token ids of ``document``'s blocks, segmented and cut as at request time."""
+    def blocks(self, document: dict[str, Any]) -> list[Block]:
+        """``document``'s blocks, segmented and cut as at request time."""
         from rag_opt.inputs import check_documents
         from rag_opt.models.parallel import parallel_prompt
         from rag_opt.text.units import UnitTable
@@ -127,34 +129,44 @@ class DocumentIndexer:
         prompt = parallel_prompt(self.proxy.tokenizer, units, _QUESTION, max_block_tokens=self.block_limit)
         if len(prompt.blocks) > 1:
             self.split_documents += 1
-        return [b.ids for b in prompt.blocks]
+        return list(prompt.blocks)
 
     def _done(self, ids: Sequence[int], kind: str = "block") -> bool:
-        return all(self.key(ids, d, kind) in self.cache for d in self.depths)
+        kinds = (kind, "sources") if self.cross and kind == "block" else (kind,)
+        return all(self.key(ids, d, k) in self.cache for d in self.depths for k in kinds)
 
     def index_rows(self, rows: Sequence[tuple[int, dict[str, Any]]]) -> list[RowResult]:
         """Index ``(line, document)`` rows: their missing blocks in shared document passes; one result per row."""
-        from rag_opt.models.document_pass import encode_blocks
+        from rag_opt.models.document_pass import encode_blocks, encode_blocks_with_sources
 
         out: dict[int, RowResult] = {}
         pending: dict[int, int] = {}  # row -> how many blocks it adds to the passes (a shared one counts once)
-        todo: dict[tuple[int, ...], None] = {}  # distinct blocks to encode, in order
+        todo: dict[tuple[int, ...], Block] = {}  # distinct blocks to encode, in order
         for line, document in rows:
             try:
-                missing = [ids for ids in self.blocks(document) if not self._done(ids)]
+                missing = {b.ids: b for b in self.blocks(document) if not self._done(b.ids)}
             except (RagOptError, ValueError, TypeError) as exc:
                 out[line] = RowResult(line, "failed", f"line {line}: {exc}")
                 continue
             if not missing:
                 out[line] = RowResult(line, "cached")
                 continue
-            pending[line] = sum(ids not in todo for ids in dict.fromkeys(missing))
-            todo.update(dict.fromkeys(missing))
+            pending[line] = sum(ids not in todo for ids in missing)
+            todo.update(missing)
         try:
             if todo:
-                prefix_states, states = encode_blocks(
-                    self.proxy, self.prefix, list(todo), self.depths[-1], batch_tokens=self.batch_tokens
-                )
+                top = self.depths[-1]
+                if self.cross:  # the probe reads the cross-document reading: each block's source queries too
+                    ends = [b.ends for b in todo.values()]
+                    prefix_states, states, queries = encode_blocks_with_sources(
+                        self.proxy, self.prefix, list(todo), ends, top, batch_tokens=self.batch_tokens
+                    )
+                    for ids, q in zip(todo, queries, strict=True):
+                        self._put(ids, q, "sources")
+                else:
+                    prefix_states, states = encode_blocks(
+                        self.proxy, self.prefix, list(todo), top, batch_tokens=self.batch_tokens
+                    )
                 for ids, s in zip(todo, states, strict=True):
                     self._put(ids, s, "block")
                 self._put(self.prefix, prefix_states, "prefix")
@@ -172,13 +184,15 @@ class DocumentIndexer:
         return [out[line] for line, _ in rows]
 
     def _put(self, ids: Sequence[int], states: Any, kind: str) -> None:
-        """Keep ``states`` (``(2, depth, kv_heads, tokens, head_dim)`` at the deepest depth) under each depth's key:
-        a shallower depth's states are the first layers of a deeper pass's."""
+        """Keep ``states`` (``(2, depth, kv_heads, tokens, head_dim)`` at the deepest depth; source queries
+        ``(depth, heads, sources, head_dim)``) under each depth's key: a shallower depth's are the first layers of a
+        deeper pass's."""
         top = self.depths[-1]
         for d in self.depths:
             key = self.key(ids, d, kind)
             if key not in self.cache:
-                self.cache.put(key, states if d == top else states[:, :d].contiguous())
+                first = states[:d] if kind == "sources" else states[:, :d]
+                self.cache.put(key, states if d == top else first.contiguous())
 
 
 def _uncounted(text: str) -> int:

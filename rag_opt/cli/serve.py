@@ -51,7 +51,7 @@ def _serve(args: argparse.Namespace) -> int:
     print(
         f"rag-opt proxy on http://{settings.host}:{settings.port}/v1 -> {redact_url(settings.upstream)} ({budget}, "
         f"ordering={settings.ordering}, time budget {settings.time_budget_ms:.0f} ms, "
-        f"{settings.max_concurrency} worker(s), queue {settings.max_queue}, on overload {settings.on_overload}, "
+        f"{settings.max_concurrency} worker(s), queue {settings.queue_bound}, on overload {settings.on_overload}, "
         f"proxy key {'required' if settings.api_key is not None else 'off'})",
         file=sys.stderr,
     )

@@ -194,6 +194,7 @@ def _train_doc_probe(args: argparse.Namespace) -> int:
         cached_only=args.cached_only,
         sentence_probe=args.sentence_probe,
         first_slot=args.first_slot,
+        encoding=args.encoding,
     )
     cv = report["cv_5fold"]
     print(

@@ -26,7 +26,7 @@ import numpy as np
 from rag_opt.compressors.features import build_doc_features
 from rag_opt.errors import ProbeMismatchError
 
-__all__ = ["DEFAULT_DOC_BLOCKS", "document_relevance"]
+__all__ = ["DEFAULT_DOC_BLOCKS", "PARALLEL_DOC_BLOCKS", "document_relevance"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.compressors.probe import Probe
@@ -48,6 +48,11 @@ DEFAULT_DOC_BLOCKS = (
     "doc_best_sentence",
     "doc_early_interactions",
 )
+
+# under parallel encoding a document's attention share does not depend on its slot, so there is nothing to
+# calibrate and nothing position-specific to learn: the raw per-head shares, BM25 and its rank, and the sentence
+# probe's best sentence (``rag-opt train-doc-probe --encoding parallel``)
+PARALLEL_DOC_BLOCKS = ("doc_raw_last", "doc_raw_question", "doc_lexical", "doc_lexical_rank", "doc_best_sentence")
 
 
 def document_relevance(

@@ -14,7 +14,10 @@ model or layout that does not match. Blocks:
 * ``cross_doc``: log cross-document attention per layer and head — the mean attention (relative to uniform) the
   unit receives from the last token of every sentence of another, later document in the same pass (a bridge
   sentence draws attention from the paragraph of the entity it names) — plus a flag for units no other document
-  follows (their attention values are 0). Needs features extracted with ``cross=True``.
+  follows (their attention values are 0). Needs features extracted with ``cross=True``. Under parallel encoding,
+  where no document reads another, the sources are the last tokens of every sentence of every *other* document,
+  their cached query states read against the other blocks' keys from the question pass's position
+  (:mod:`rag_opt.models.parallel_cross`); probes record their template, so one reading never meets the other.
 
 Document-level layouts (``level="document"``, the document relevance probe of :mod:`rag_opt.compressors.doc_relevance`)
 use one row per document and these blocks:

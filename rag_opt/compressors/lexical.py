@@ -7,6 +7,8 @@ follow the context's language (:func:`rag_opt.text.language.stopwords`).
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,11 +31,38 @@ def _bm25s() -> Any:
     return bm25s
 
 
-def _tokens(texts: Sequence[str], language: str) -> list[list[str]]:
-    bm25s = _bm25s()
+TOKEN_MEMO = 16384  # texts whose tokens are remembered (the same documents come back with every question)
+MEMO_CHARS = 8192  # longer texts are tokenized every time
+_memo: OrderedDict[tuple[str, str], list[str]] = OrderedDict()
+_memo_lock = threading.Lock()
 
-    out = bm25s.tokenize(list(texts), stopwords=list(stopwords(language)), return_ids=False, show_progress=False)
-    return [list(t) for t in out]
+
+def _tokens(texts: Sequence[str], language: str) -> list[list[str]]:
+    """Each text's terms (lowercased, ``language``'s stopwords removed); recently seen texts are not tokenized
+    again (a bounded, thread-safe LRU: a warm request re-reads the same documents for a new question)."""
+    out: list[list[str] | None] = [None] * len(texts)
+    with _memo_lock:
+        for i, text in enumerate(texts):
+            hit = _memo.get((language, text))
+            if hit is not None:
+                _memo.move_to_end((language, text))
+                out[i] = hit
+    missing = [i for i, toks in enumerate(out) if toks is None]
+    if missing:
+        bm25s = _bm25s()
+        fresh = bm25s.tokenize(
+            [texts[i] for i in missing], stopwords=list(stopwords(language)), return_ids=False, show_progress=False
+        )
+        with _memo_lock:
+            for i, toks in zip(missing, fresh, strict=True):
+                terms = list(toks)
+                out[i] = terms
+                if len(texts[i]) <= MEMO_CHARS:
+                    _memo[(language, texts[i])] = terms
+                    _memo.move_to_end((language, texts[i]))
+            while len(_memo) > TOKEN_MEMO:
+                _memo.popitem(last=False)
+    return [list(toks) for toks in out if toks is not None]
 
 
 def bm25_scores(question: str, texts: Sequence[str], language: str = "en") -> np.ndarray:

@@ -63,6 +63,10 @@ class Capture:
     keep_kv: bool = False
     past: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
     kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # a document pass that also keeps some tokens' query states (rotary embeddings applied): per batch row the
+    # token positions to keep (``keep_q``), and per layer, per row, their queries (heads, rows, head_dim) in ``q``
+    keep_q: list[torch.Tensor] | None = None
+    q: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     sums: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # layer -> per item (views, heads, units)
     # layer -> per item (heads, units): sum over the unit's sources of (attention on the unit × source prefix), or
     # None for an item without sources
@@ -102,6 +106,8 @@ def _rows_attention(
             key, value = torch.cat([past_k, key], dim=2), torch.cat([past_v, value], dim=2)
         if capture.keep_kv:
             capture.kv[index] = (key, value)
+        if capture.keep_q is not None:
+            capture.q[index] = [query[b].index_select(1, rows) for b, rows in enumerate(capture.keep_q)]
         layer = _record(capture, module, query, key, scaling)
         if capture.stop_after is not None and layer >= capture.stop_after:
             raise StopForward

@@ -14,7 +14,8 @@ mass that falls on the document is also returned.
 With ``cross=True`` a third reading is added per unit, layer and head: *cross-document attention*, the mean
 attention per token the unit receives from the last token of every sentence of another, later document in the
 same pass (each row relative to uniform over the context it sees). A bridge sentence that names an entity draws
-attention from that entity's own paragraph.
+attention from that entity's own paragraph. Under parallel encoding the sources are the sentence ends of every
+other document, read from their cached query states (:mod:`rag_opt.models.parallel_cross`).
 """
 
 from __future__ import annotations
@@ -280,11 +281,6 @@ def extract_batch(
         raise InvalidInputError(f"layers must be in 1..{proxy.num_layers}, got {layers}")
     template_for(encoding)  # refuses an unknown encoding
     if encoding == "parallel":
-        if cross:
-            raise InvalidInputError(
-                "cross-document attention needs the joint encoding: under parallel encoding documents do not read "
-                "each other"
-            )
         if not contexts:
             return []
         from rag_opt.models.parallel_features import extract_parallel
@@ -293,7 +289,7 @@ def extract_batch(
             if not question.strip():
                 raise InvalidInputError("question is empty")
         return extract_parallel(
-            proxy, contexts, layers=depth, max_tokens=max_tokens, cache=cache, batch_tokens=batch_tokens
+            proxy, contexts, layers=depth, max_tokens=max_tokens, cache=cache, batch_tokens=batch_tokens, cross=cross
         )
     prompts: list[_Prompt] = []
     for c, (docs, question) in enumerate(contexts):

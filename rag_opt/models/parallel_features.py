@@ -15,10 +15,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rag_opt.models.document_pass import encode_blocks
+from rag_opt.models.document_pass import encode_blocks, encode_blocks_with_sources
 from rag_opt.models.encoding_cache import EncodingCache, encoding_key
 from rag_opt.models.extract import AttentionFeatures
-from rag_opt.models.parallel import ParallelPrompt, QuestionPass, parallel_prompt, run_question_passes
+from rag_opt.models.parallel import Block, ParallelPrompt, QuestionPass, parallel_prompt, run_question_passes
+from rag_opt.models.parallel_cross import cross_reads
 from rag_opt.models.prompt import PARALLEL_TEMPLATE_ID, VIEWS
 from rag_opt.work import check_proxy_tokens, checkpoint
 
@@ -41,8 +42,12 @@ def extract_parallel(
     max_tokens: int,
     cache: EncodingCache | None = None,
     batch_tokens: int = 6144,
+    cross: bool = False,
 ) -> list[AttentionFeatures]:
-    """Features of the first ``layers`` layers for each ``(docs, question)`` context (see the module doc)."""
+    """Features of the first ``layers`` layers for each ``(docs, question)`` context (see the module doc).
+
+    ``cross``: also the cross-document reading (:mod:`rag_opt.models.parallel_cross`): each block's source
+    queries are cached with it (their own entry); a block cached without them is encoded again."""
 
     prompts: list[ParallelPrompt] = []
     limit = block_limit(proxy, max_tokens)
@@ -60,9 +65,10 @@ def extract_parallel(
         return encoding_key(ids, model=model, dtype=dtype, depth=layers, template=PARALLEL_TEMPLATE_ID, kind=kind)
 
     states: dict[str, torch.Tensor] = {}
+    queries: dict[str, torch.Tensor] = {}  # cross: each block's source queries, by its block key
     hits = [0] * len(prompts)
     misses = [0] * len(prompts)
-    todo: dict[str, tuple[int, ...]] = {}
+    todo: dict[str, Block] = {}
     for c, prompt in enumerate(prompts):
         for block in prompt.blocks:
             k = key(block.ids)
@@ -71,21 +77,36 @@ def extract_parallel(
                 misses[c] += k in todo
                 continue
             found = cache.get(k) if cache is not None else None
-            if found is not None:
+            found_q = None
+            if cross and cache is not None and found is not None:
+                found_q = cache.get(key(block.ids, "sources"))
+            if found is not None and (found_q is not None or not cross):
                 states[k] = found
+                if found_q is not None:
+                    queries[k] = found_q
                 hits[c] += 1
             else:
-                todo[k] = block.ids
+                todo[k] = block
                 misses[c] += 1
     prefix_key = key(prefix, "prefix")
     prefix_states = cache.get(prefix_key) if cache is not None else None
     if todo:
-        pre, computed = encode_blocks(proxy, prefix, list(todo.values()), layers, batch_tokens=batch_tokens)
+        ids = [b.ids for b in todo.values()]
+        if cross:
+            pre, computed, kept = encode_blocks_with_sources(
+                proxy, prefix, ids, [b.ends for b in todo.values()], layers, batch_tokens=batch_tokens
+            )
+        else:
+            (pre, computed), kept = encode_blocks(proxy, prefix, ids, layers, batch_tokens=batch_tokens), []
         prefix_states = pre if prefix_states is None else prefix_states
-        for k, s in zip(todo, computed, strict=True):
+        for i, (k, s) in enumerate(zip(todo, computed, strict=True)):
             states[k] = s
             if cache is not None:
                 cache.put(k, s)
+            if cross:
+                queries[k] = kept[i]
+                if cache is not None:
+                    cache.put(key(todo[k].ids, "sources"), kept[i])
     if prefix_states is None:  # every block was cached, the prefix was not: its own pass
         _, (prefix_states,) = encode_blocks(proxy, [], [prefix], layers, batch_tokens=batch_tokens)
     if cache is not None and prefix_key not in cache:
@@ -101,8 +122,13 @@ def extract_parallel(
             with proxy.lock:
                 capture = run_question_passes(proxy, [rows[j] for j in batch], layers)
             for b, j in enumerate(batch):
-                out[j] = _features(prompts[j], [capture.sums[layer][b] for layer in range(layers)])
-                out[j].cache_hits, out[j].cache_misses = hits[j], misses[j]  # type: ignore[union-attr]
+                feats = _features(prompts[j], [capture.sums[layer][b] for layer in range(layers)])
+                feats.cache_hits, feats.cache_misses = hits[j], misses[j]
+                if cross:
+                    feats.cross, feats.cross_sources = cross_reads(
+                        proxy, prompts[j], rows[j].parts, [queries[key(bl.ids)] for bl in prompts[j].blocks], layers
+                    )
+                out[j] = feats
             batch = []
         if i >= 0:
             batch.append(i)

@@ -33,7 +33,7 @@ TEMPLATE_ID = "ctx-q-v2"  # the joint encoding's; changes whenever the prompt la
 # the same text read with parallel encoding (rag_opt.models.parallel): each document on its own, then the question
 PARALLEL_TEMPLATE_ID = "ctx-q-par-v1"
 ENCODINGS = ("parallel", "joint")
-DEFAULT_ENCODING = "joint"  # what ContextOptimizer, the CLI and the server read with unless told otherwise
+DEFAULT_ENCODING = "parallel"  # what ContextOptimizer, the CLI and the server read with unless told otherwise
 
 
 def template_for(encoding: str) -> str:

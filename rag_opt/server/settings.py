@@ -54,6 +54,11 @@ _BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")
 _SECRETS = ("api_key", "upstream_api_key")
 FD_RESERVE = 64  # file descriptors kept for the listening socket, logs, model files, ...
 MIN_PROXY_KEY_CHARS = 16  # a proxy key is removed wherever it appears in a header: shorter ones match by chance
+# the worker pool's defaults per encoding (--max-queue, --max-batch): under parallel encoding a request over cached
+# documents costs its question pass, and queued questions share one (benchmarks/load.py, 64 clients); a joint
+# forward is compute-bound, so a batch costs about the sum of its jobs and a long queue only waits
+PARALLEL_QUEUE, PARALLEL_BATCH = 64, 16
+JOINT_QUEUE, JOINT_BATCH = 8, 4
 
 
 def connection_limit(requested: int) -> int:
@@ -169,7 +174,12 @@ class ProxySettings(BaseModel):
         default=10_000.0, gt=0, description="optimizer time budget; over it the request is forwarded unoptimized"
     )
     max_concurrency: int = Field(default=1, ge=1, description="optimizations running at once (worker threads)")
-    max_queue: int = Field(default=8, ge=0, description="optimizations that may wait for a worker; beyond: overload")
+    max_queue: int | None = Field(
+        default=None,
+        ge=0,
+        description="optimizations that may wait for a worker; beyond: overload (default: 64 under parallel encoding, "
+        "whose requests over cached documents are short and batch well; 8 under joint encoding)",
+    )
     max_lexical_queue: int = Field(
         default=256,
         ge=0,
@@ -199,7 +209,13 @@ class ProxySettings(BaseModel):
         description="a worker that takes an optimization waits this long for more queued with the same settings, "
         "to run them as one batch (0: only those already queued)",
     )
-    max_batch: int = Field(default=4, ge=1, description="most optimizations run as one batch (1: no batching)")
+    max_batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="most optimizations run as one batch (1: no batching; default: 16 under parallel encoding, where "
+        "queued questions share one question pass over the cached documents; 4 under joint encoding, whose passes "
+        "are compute-bound)",
+    )
     threads: str = Field(
         default="adaptive",
         description="CPU threads per forward pass: 'adaptive' (only the cores free right now: fastest on a shared "
@@ -275,6 +291,20 @@ class ProxySettings(BaseModel):
         description="seconds a client may leave an answer unread (the proxy's send buffer full); then its connection "
         "is closed",
     )
+
+    @property
+    def queue_bound(self) -> int:
+        """``max_queue``, or its default for the encoding."""
+        if self.max_queue is not None:
+            return self.max_queue
+        return PARALLEL_QUEUE if self.encoding == "parallel" else JOINT_QUEUE
+
+    @property
+    def batch_bound(self) -> int:
+        """``max_batch``, or its default for the encoding."""
+        if self.max_batch is not None:
+            return self.max_batch
+        return PARALLEL_BATCH if self.encoding == "parallel" else JOINT_BATCH
 
     @field_validator("upstream")
     @classmethod

@@ -101,16 +101,16 @@ class ProxyState:
         self.metrics = Metrics()
         self.pool = OptimizerPool(
             settings.max_concurrency,
-            settings.max_queue,
+            settings.queue_bound,
             self.metrics,
             settings.optimizer_nice,
             batch_wait_ms=settings.batch_wait_ms,
-            max_batch=settings.max_batch,
+            max_batch=settings.batch_bound,
         )
         # the lexical tier needs an optimizer that has one (a ContextOptimizer; not an arbitrary ``optimize``)
         self.lexical_tier = settings.lexical_tier and callable(getattr(optimizer, "lexical_scorer", None))
         # batches need ``optimize_batch``; other optimizers run one job at a time
-        self.batching = settings.max_batch > 1 and callable(getattr(optimizer, "optimize_batch", None))
+        self.batching = settings.batch_bound > 1 and callable(getattr(optimizer, "optimize_batch", None))
         self.metrics.pool_gauges = self.pool.gauges
         self.metrics.optimizer_state = lambda: self.optimizer_state
         self.metrics.encoding_cache = lambda: self.cache

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rag_opt.compressors.doc_relevance import DEFAULT_DOC_BLOCKS
+from rag_opt.compressors.doc_relevance import DEFAULT_DOC_BLOCKS, PARALLEL_DOC_BLOCKS
 from rag_opt.compressors.features import SENTENCE_BLOCKS, FeatureLayout, build_doc_features
 from rag_opt.compressors.probe import Probe
 from rag_opt.errors import InvalidInputError
 from rag_opt.models.extract import AttentionFeatures
-from rag_opt.models.prompt import TEMPLATE_ID
+from rag_opt.models.prompt import template_for
 from rag_opt.orderers.profiles import PositionProfile
 from rag_opt.training.datasets import NQExample, nq_split, read_nq_multidoc
 from rag_opt.training.feature_cache import FeatureCache, FeatureStore, fill_cache
@@ -35,6 +35,7 @@ from rag_opt.training.sentence_probe import choose_l2, feature_cache_for, featur
 from rag_opt.training.units import titled_units
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.models.encoding_cache import EncodingCache
     from rag_opt.models.loader import ProxyModel
 
 __all__ = [
@@ -99,17 +100,19 @@ def extract_nq(
     desc: str = "NQ attention features",
     cross: bool = False,
     encoding: str = "joint",
+    encodings: EncodingCache | None = None,
 ) -> int:
     """Compute (or reuse) attention features (of the first ``layers`` layers; default all) for ``instances``;
     returns how many were computed. ``cross``: with cross-document attention (give it a cache of its own).
-    ``encoding``: how the proxy reads each context (give ``parallel`` features a cache of their own)."""
+    ``encoding``: how the proxy reads each context (give ``parallel`` features a cache of their own).
+    ``encodings``: under parallel encoding, the document encodings to reuse (the same passages recur at every N)."""
     from rag_opt.models.extract import extract_batch
 
     return fill_cache(
         cache,
         [(inst.id, inst.units(), inst.example.question) for inst in instances],
         lambda contexts: extract_batch(
-            proxy, contexts, max_tokens=max_tokens, layers=layers, cross=cross, encoding=encoding
+            proxy, contexts, max_tokens=max_tokens, layers=layers, cross=cross, encoding=encoding, cache=encodings
         ),
         shard_size=20,
         progress=progress,
@@ -237,8 +240,10 @@ def train_doc_probe(
     seed: int = 0,
     meta: dict[str, Any] | None = None,
     sentence_probe: Probe | None = None,
+    encoding: str = "joint",
 ) -> tuple[Probe, dict[str, Any]]:
-    """Fit the document probe; returns it with a report (l2 choice, cross-validated recall).
+    """Fit the document probe; returns it with a report (l2 choice, cross-validated recall). ``encoding``: how
+    the features were read (the probe records its template and is refused under another one).
 
     Contexts are weighted so that, for each N, the gold passage sits in the first slot no more often than in any
     other (extra first-slot contexts teach the probe what the first slot looks like without teaching it that the
@@ -260,7 +265,8 @@ def train_doc_probe(
     }
     meta = {
         "kind": "document relevance",
-        "template": TEMPLATE_ID,
+        "template": template_for(encoding),
+        "encoding": encoding,
         "labels": "NQ gold passage = 1, BM25 distractors without the answer = 0",
         "seed": seed,
         "profiles": {str(n): p.contexts for n, p in sorted(profiles.items())},
@@ -289,50 +295,75 @@ def train_doc_probe_cli(
     cached_only: bool = False,
     sentence_probe: str | None = None,
     first_slot: int = 0,
+    encoding: str = "joint",
 ) -> tuple[Probe, dict[str, Any]]:
     """Extract (or reuse cached) NQ-train features for each N, train the document probe, write it as JSON.
 
     ``layers``: train on the first this many layers only (early exit). ``dtype``: the proxy precision of the
     features. ``cached_only``: use only contexts already cached (no forward pass). ``sentence_probe``: a path to
-    the sentence probe the ``doc_best_sentence`` block reads (default: the shipped one). ``first_slot``: also train
-    on the first this many questions with the gold passage in the *first* slot, for each N (at random positions the
-    first slot gets only 1/N of the examples, and it is where attention says least)."""
+    the sentence probe the ``doc_best_sentence`` block reads (default: the shipped one of the encoding).
+    ``first_slot``: also train on the first this many questions with the gold passage in the *first* slot, for each
+    N (at random positions the first slot gets only 1/N of the examples, and it is where attention says least).
+
+    ``encoding="parallel"``: features read with parallel encoding (their own caches), no calibration profile
+    (every slot reads alike) and :data:`~rag_opt.compressors.doc_relevance.PARALLEL_DOC_BLOCKS` by default. The
+    questions are extracted a few at a time for every N together, over one bounded cache of document encodings, so
+    a passage is read once for all the Ns it appears in."""
     from rag_opt.compressors.probe import shipped_probe
     from rag_opt.models.loader import load_proxy_model
     from rag_opt.orderers.profiles import ProfileStore
 
+    template_for(encoding)  # refuses an unknown encoding before the model loads
+    parallel = encoding == "parallel"
     proxy = load_proxy_model(model, dtype=dtype)
-    blocks = blocks or DEFAULT_DOC_BLOCKS
+    blocks = blocks or (PARALLEL_DOC_BLOCKS if parallel else DEFAULT_DOC_BLOCKS)
+    calibrated = [b for b in blocks if b.startswith(("doc_cal_", "doc_ratio_"))]
+    if parallel and calibrated:
+        raise InvalidInputError(
+            f"feature block {calibrated[0]!r} reads a calibration profile, which parallel encoding has none of "
+            "(every slot reads alike): use the doc_raw_* blocks"
+        )
     sprobe = None
     if SENTENCE_BLOCKS & set(blocks):
-        sprobe = Probe.load(sentence_probe) if sentence_probe else shipped_probe(proxy.name)
+        sprobe = Probe.load(sentence_probe) if sentence_probe else shipped_probe(proxy.name, "unit", encoding)
         if sprobe is None:
             raise InvalidInputError(
-                f"the document blocks that read sentence scores need a sentence probe for {proxy.name}"
+                f"the document blocks that read sentence scores need a sentence probe for {proxy.name} ({encoding})"
             )
-        sprobe.check_compatible(proxy.name, proxy.num_layers, proxy.num_heads)
+        sprobe.check_compatible(proxy.name, proxy.num_layers, proxy.num_heads, template_for(encoding))
     profile_store = ProfileStore(store)
     records = nq_records(data, "train")[:limit]
     profiles: dict[int, PositionProfile] = {}
-    instances: list[NQInstance] = []
-    features: dict[str, AttentionFeatures] = {}
+    per_n: dict[int, tuple[list[NQInstance], FeatureStore]] = {}
+    # a sentence probe that reads cross-document attention needs features extracted with it (their own cache)
+    cross = sprobe is not None and sprobe.layout.needs_cross
     for n in n_docs:
-        prof = profile_store.get(proxy.name, n)
-        if prof is None:
-            raise InvalidInputError(
-                f"no calibration profile for {n} documents of {proxy.name}: run `rag-opt calibrate --n-docs {n}` first"
-            )
-        profiles[n] = prof
+        if calibrated:
+            prof = profile_store.get(proxy.name, n)
+            if prof is None:
+                raise InvalidInputError(
+                    f"no calibration profile for {n} documents of {proxy.name}: run `rag-opt calibrate --n-docs {n}` "
+                    "first"
+                )
+            profiles[n] = prof
         insts = random_positions(records, n, seed=seed)
         seen = {i.id for i in insts}
         insts += [i for i in (NQInstance(ex, n, 0) for ex in records[:first_slot]) if i.id not in seen]
-        # a sentence probe that reads cross-document attention needs features extracted with it (their own cache)
-        cross = sprobe is not None and sprobe.layout.needs_cross
-        fstore = feature_store(cache_root, proxy, f"nq-train-n{n}" + ("-cross" if cross else ""), layers)
-        if not cached_only:
-            extract_nq(
-                insts, fstore, proxy, layers=fstore.layers, desc=f"NQ train features, {n} documents", cross=cross
-            )
+        name = f"nq-train-n{n}" + ("-cross" if cross else "")
+        # deep enough for the sentence probe too (the document probe reads the first ``layers`` of them)
+        depth = max(layers or proxy.num_layers, sprobe.layout.num_layers if sprobe is not None else 1)
+        per_n[n] = (insts, feature_store(cache_root, proxy, name, depth, encoding))
+    if not cached_only:
+        if parallel:
+            _extract_parallel_nq(proxy, records, per_n, cross=cross)
+        else:
+            for n, (insts, fstore) in per_n.items():
+                extract_nq(
+                    insts, fstore, proxy, layers=fstore.layers, desc=f"NQ train features, {n} documents", cross=cross
+                )
+    instances: list[NQInstance] = []
+    features: dict[str, AttentionFeatures] = {}
+    for insts, fstore in per_n.values():
         cached = fstore.load(i.id for i in insts)
         features.update(cached)
         instances.extend(i for i in insts if i.id in cached)
@@ -347,6 +378,7 @@ def train_doc_probe_cli(
         l2=l2,
         seed=seed,
         sentence_probe=sprobe,
+        encoding=encoding,
         meta={
             "trained_on": "nq_multidoc train split: "
             + ", ".join(f"{sum(i.n_docs == n for i in instances)} contexts of {n} documents" for n in n_docs),
@@ -358,3 +390,50 @@ def train_doc_probe_cli(
     logger.info("document probe: %s; retrieval heads %s", report, probe.metadata["attention_sort"])
     probe.save(out)
     return probe, report
+
+
+PARALLEL_CHUNK = 10  # questions extracted together (every N) over one bounded cache of document encodings
+PARALLEL_CACHE_BYTES = 2 * 1024**3
+
+
+def _extract_parallel_nq(
+    proxy: ProxyModel,
+    records: Sequence[NQExample],
+    per_n: dict[int, tuple[list[NQInstance], FeatureStore]],
+    *,
+    cross: bool = False,
+) -> None:
+    """Parallel-encoding features for every N, a few questions at a time: each chunk's passages are encoded once
+    (at its largest N) and reused from a bounded :class:`~rag_opt.models.encoding_cache.EncodingCache` for the
+    smaller Ns, whose contexts hold the same passages. Resumable like :func:`extract_nq` (per N). ``cross``: with
+    the cross-document reading (the sentence probe reads it; stores of their own)."""
+    from tqdm.auto import tqdm
+
+    from rag_opt.models.encoding_cache import EncodingCache
+
+    encodings = EncodingCache(max_bytes=PARALLEL_CACHE_BYTES)
+    by_record: dict[int, list[tuple[NQInstance, FeatureStore]]] = {}
+    for insts, fstore in per_n.values():
+        done = fstore.ids()
+        for inst in insts:
+            if inst.id not in done:
+                by_record.setdefault(inst.example.index, []).append((inst, fstore))
+    order = [ex.index for ex in records if ex.index in by_record]
+    with tqdm(total=len(order), desc="NQ train features (parallel, every N)", mininterval=5.0) as bar:
+        for a in range(0, len(order), PARALLEL_CHUNK):
+            chunk = order[a : a + PARALLEL_CHUNK]
+            for n in sorted(per_n, reverse=True):  # the largest N first: it encodes every passage of the chunk
+                insts = [inst for r in chunk for inst, _ in by_record[r] if inst.n_docs == n]
+                if insts:
+                    fstore = per_n[n][1]
+                    extract_nq(
+                        insts,
+                        fstore,
+                        proxy,
+                        layers=fstore.layers,
+                        progress=False,
+                        cross=cross,
+                        encoding="parallel",
+                        encodings=encodings,
+                    )
+            bar.update(len(chunk))

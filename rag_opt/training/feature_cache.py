@@ -179,8 +179,13 @@ class FeatureStore:
         return FeatureCache(self.folder / f"{self.base}-{precision_tag(self.precision)}-L{self.layers}")
 
     def caches(self) -> list[FeatureCache]:
-        """The caches deep enough for ``layers``, deepest first."""
-        pat = re.compile(re.escape(f"{self.base}-{precision_tag(self.precision)}") + r"(?:-L(\d+))?")
+        """The caches deep enough for ``layers``, deepest first (for a base without ``-cross``, its ``-cross``
+        caches too: they hold the same features and more)."""
+        # a "<base>-cross" cache holds every feature of "<base>" too (and the cross-document ones): it serves both
+        cross = "" if self.base.endswith("-cross") else r"(?:-cross)?"
+        pat = re.compile(
+            re.escape(self.base) + cross + re.escape(f"-{precision_tag(self.precision)}") + r"(?:-L(\d+))?"
+        )
         found: list[tuple[int, FeatureCache]] = []
         if self.folder.is_dir():
             for path in self.folder.iterdir():

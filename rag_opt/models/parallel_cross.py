@@ -1,0 +1,131 @@
+"""Cross-document attention under parallel encoding: how much the other documents' sentences read each sentence.
+
+The joint encoding's ``cross_doc`` feature is the attention a sentence receives from the last token of every
+sentence of a later document (a bridge sentence draws attention from the paragraph of the entity it names). Under
+parallel encoding no document reads another, so it is rebuilt from what each document pass can keep on its own:
+
+* a document pass also keeps the **query states of the last token of each of its units** (every layer,
+  rotary embeddings applied at the block's own positions), cached with the block under their own key
+  (:func:`rag_opt.models.document_pass.encode_blocks_with_sources`): they depend on the block's tokens only;
+* per context, each such *source* query is moved (rotated) to the question pass's first position, right after
+  the longest block — where every block's keys sit before it, as for the question's own tokens — and reads the
+  keys of every unit token of the context (a softmax over them, per layer and head);
+* a unit's value is the attention its tokens receive from the sources of **other** documents, relative to an
+  even share (times the context's unit tokens), averaged over those sources and over the unit's tokens — the
+  joint feature's normalisation (:attr:`AttentionFeatures.cross`, with :attr:`AttentionFeatures.cross_sources`
+  the number of sources averaged).
+
+Nothing here depends on the question or on the order of the documents: a unit's value is the same in every slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rag_opt.errors import InvalidInputError
+from rag_opt.models.parallel import ParallelPrompt, context_positions
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from rag_opt.models.loader import ProxyModel
+
+__all__ = ["SOURCE_CHUNK", "cross_reads"]
+
+SOURCE_CHUNK = 128  # source rows per product (memory: heads × chunk × context tokens floats)
+
+
+def cross_reads(
+    proxy: ProxyModel,
+    prompt: ParallelPrompt,
+    parts: Sequence[torch.Tensor],
+    queries: Sequence[torch.Tensor],
+    depth: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(cross, cross_sources)`` of one context: ``(units, depth, heads)`` and ``(units,)`` (see the module doc).
+
+    ``parts``: the key/value states of the prefix and of each block, ``(2, layers, kv_heads, n, head_dim)``, in
+    prompt order; ``queries``: each block's source queries ``(layers, heads, sources, head_dim)``, its sources
+    being :attr:`~rag_opt.models.parallel.Block.ends`."""
+    import torch
+
+    if len(parts) != len(prompt.blocks) + 1 or len(queries) != len(prompt.blocks):
+        raise ValueError("cross_reads needs the prefix's states, and the states and source queries of every block")
+    ctx_pos, unit_of = context_positions(prompt)
+    n_units = prompt.n_units
+    cross = np.zeros((n_units, depth, proxy.num_heads), dtype=np.float32)
+    doc_of_unit = np.full(n_units, -1, dtype=np.int64)
+    for b in prompt.blocks:
+        for u in b.unit_of:
+            if u >= 0:
+                doc_of_unit[u] = b.doc
+    src_doc = np.asarray([b.doc for b in prompt.blocks for _ in b.ends], dtype=np.int64)
+    if not len(ctx_pos) or not len(src_doc):
+        return cross, np.zeros(n_units, dtype=np.int64)
+    # sources of other documents than each unit's: what the unit's value averages
+    per_doc = np.bincount(src_doc, minlength=prompt.n_docs)
+    n_sources = np.where(doc_of_unit >= 0, len(src_doc) - per_doc[np.maximum(doc_of_unit, 0)], 0)
+    counts = np.bincount(np.asarray(unit_of, dtype=np.int64), minlength=n_units)
+    dev = torch.device(proxy.device)  # the cached states live on the CPU; the reading runs where the model does
+    ctx = torch.tensor(ctx_pos, dtype=torch.long, device=dev)
+    units = torch.tensor(unit_of, dtype=torch.long, device=dev)
+    ctx_doc = torch.from_numpy(doc_of_unit[np.asarray(unit_of, dtype=np.int64)]).to(dev)
+    sdoc = torch.from_numpy(src_doc).to(dev)
+    n_ctx = float(len(ctx_pos))
+    # each source moves from its own position to the question pass's first position
+    p = len(prompt.prefix)
+    src_pos = torch.tensor([p + i for b in prompt.blocks for i in b.ends], dtype=torch.long, device=dev)
+    cos, sin = _rotation(proxy, prompt.question_start - src_pos)
+    keys = torch.cat([part[0, :depth] for part in parts], dim=2).to(dev)  # (L, KVH, C_all, d)
+    q_all = torch.cat([q[:depth] for q in queries], dim=2).to(dev)  # (L, H, S, d)
+    heads = q_all.shape[1]
+    kvh = keys.shape[1]
+    scale = float(q_all.shape[-1]) ** -0.5  # the model's own scaling (head_dim ** -0.5)
+    sums = torch.zeros(depth, heads, n_units, dtype=torch.float32, device=dev)
+    chunks = range(0, len(src_doc), SOURCE_CHUNK)
+    # per source and context token: the even-share scale where the token is another document's, else 0
+    weights = [(sdoc[a : a + SOURCE_CHUNK, None] != ctx_doc[None, :]).float() * n_ctx for a in chunks]
+    for layer in range(depth):
+        k = keys[layer].index_select(1, ctx).float().transpose(-1, -2)  # (KVH, d, C)
+        q = _rotate(q_all[layer].float(), cos, sin)  # (H, S, d)
+        per_token = torch.zeros(heads, k.shape[2], dtype=torch.float32, device=dev)
+        for a, weight in zip(chunks, weights, strict=True):
+            qc = q[:, a : a + SOURCE_CHUNK]
+            rows = qc.shape[1]
+            logits = torch.matmul(qc.reshape(kvh, (heads // kvh) * rows, -1), k)
+            probs = torch.softmax(logits.reshape(heads, rows, -1) * scale, dim=-1)  # (H, S, C)
+            per_token += (probs * weight).sum(dim=1)
+        sums[layer].index_add_(1, units, per_token)
+    total = sums.permute(2, 0, 1).cpu().numpy()  # (U, L, H)
+    ok = (n_sources > 0) & (counts > 0)
+    cross[ok] = total[ok] / (n_sources[ok] * counts[ok])[:, None, None]
+    return cross, n_sources.astype(np.int64)
+
+
+def _rotation(proxy: ProxyModel, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin ``(S, head_dim)`` of the rotary embedding at offsets ``delta`` (applied to a query already
+    rotated at position p, they give the query at p + delta: rotations compose)."""
+    import torch
+
+    base = getattr(proxy.model, "model", None) or proxy.model.base_model
+    rotary = getattr(base, "rotary_emb", None)
+    if rotary is None:
+        raise InvalidInputError(
+            f"the cross-document reading under parallel encoding needs a rotary-embedding model; {proxy.name} has none"
+        )
+    probe = torch.zeros(1, dtype=torch.float32, device=delta.device)
+    cos, sin = rotary(probe, delta[None].to(torch.long))
+    scaling = float(getattr(rotary, "attention_scaling", 1.0) or 1.0)  # applied once already, at the source
+    return cos[0].float() / scaling, sin[0].float() / scaling
+
+
+def _rotate(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``q`` (heads, S, d) rotated by each source's offset (transformers' rotate-half convention)."""
+    import torch
+
+    half = q.shape[-1] // 2
+    rotated = torch.cat([-q[..., half:], q[..., :half]], dim=-1)
+    return q * cos[None] + rotated * sin[None]
