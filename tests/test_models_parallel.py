@@ -124,14 +124,20 @@ def test_reordering_documents_changes_no_feature(proxy):
     docs = _docs(ex, 5)
     fwd = extract(proxy, docs, ex["question"], layers=4, encoding="parallel")
     rev = extract(proxy, docs[::-1], ex["question"], layers=4, encoding="parallel")
+    _same_per_document(docs, fwd.unit, rev.unit, atol=1e-4)
+    for d in range(len(docs)):
+        np.testing.assert_allclose(fwd.doc_mass[d], rev.doc_mass[len(docs) - 1 - d], rtol=1e-3, atol=1e-5)
+
+
+def _same_per_document(docs, forward, reversed_, atol):
+    """Per-unit values of ``docs`` read in order equal those read in reverse order, document by document."""
     starts = np.cumsum([0] + [len(d) for d in docs])
     rstarts = np.cumsum([0] + [len(d) for d in docs[::-1]])
     for d in range(len(docs)):
         r = len(docs) - 1 - d
         np.testing.assert_allclose(
-            fwd.unit[starts[d] : starts[d + 1]], rev.unit[rstarts[r] : rstarts[r + 1]], rtol=1e-3, atol=1e-4
+            forward[starts[d] : starts[d + 1]], reversed_[rstarts[r] : rstarts[r + 1]], rtol=1e-3, atol=atol
         )
-        np.testing.assert_allclose(fwd.doc_mass[d], rev.doc_mass[r], rtol=1e-3, atol=1e-5)
 
 
 def test_block_tokens_are_those_of_the_prompt(proxy):
@@ -250,13 +256,7 @@ def test_cross_reading_is_cached_and_depends_on_no_order_or_question(proxy):
     np.testing.assert_array_equal(warm.cross, cold.cross)
     np.testing.assert_array_equal(warm.unit, plain.unit)  # the other features do not change
     rev = extract(proxy, docs[::-1], "Which one is it?", layers=3, encoding="parallel", cross=True)
-    starts = np.cumsum([0] + [len(d) for d in docs])
-    rstarts = np.cumsum([0] + [len(d) for d in docs[::-1]])
-    for d in range(len(docs)):
-        r = len(docs) - 1 - d
-        np.testing.assert_allclose(
-            cold.cross[starts[d] : starts[d + 1]], rev.cross[rstarts[r] : rstarts[r + 1]], rtol=1e-3, atol=1e-5
-        )
+    _same_per_document(docs, cold.cross, rev.cross, atol=1e-5)
 
 
 def test_question_mask_masks_padding_and_other_questions():
