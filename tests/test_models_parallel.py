@@ -293,3 +293,32 @@ def test_questions_over_the_same_documents_are_packed_and_equal_single_calls(pro
         alone = extract(proxy, d, q, layers=4, encoding="parallel", cache=cache)
         np.testing.assert_allclose(got.unit, alone.unit, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(got.doc_mass, alone.doc_mass, rtol=1e-4, atol=1e-6)
+
+
+def test_a_document_set_is_read_across_once_for_every_question(proxy, monkeypatch):
+    """The cross-document reading depends on the document set only: a second question over the same documents
+    reuses it (the same values), another set computes its own."""
+    from rag_opt.models import parallel_features
+    from rag_opt.models.extract import extract
+
+    calls = []
+    real = parallel_features.cross_reads
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(parallel_features, "cross_reads", counting)
+    parallel_features.CROSS_READS.clear()
+    ex = hotpot_dev(1)[0]
+    docs = _docs(ex, 3)
+    first = extract(proxy, docs, ex["question"], layers=2, encoding="parallel", cross=True)
+    second = extract(proxy, docs, "Another question?", layers=2, encoding="parallel", cross=True)
+    assert len(calls) == 1
+    np.testing.assert_array_equal(first.cross, second.cross)
+    second.cross[:] = 0.0  # callers get their own copy
+    third = extract(proxy, docs[:2], ex["question"], layers=2, encoding="parallel", cross=True)
+    assert len(calls) == 2 and third.cross.shape[0] == sum(len(d) for d in docs[:2])
+    np.testing.assert_array_equal(
+        extract(proxy, docs, "q?", layers=2, encoding="parallel", cross=True).cross, first.cross
+    )

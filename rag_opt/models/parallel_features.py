@@ -10,7 +10,9 @@ meaning as the joint encoding's (:class:`~rag_opt.models.extract.AttentionFeatur
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from rag_opt.models.loader import ProxyModel
 
-__all__ = ["QUESTION_BATCH_TOKENS", "QUESTION_ROOM", "block_limit", "extract_parallel"]
+__all__ = ["CROSS_READS", "QUESTION_BATCH_TOKENS", "QUESTION_ROOM", "block_limit", "extract_parallel"]
 
 QUESTION_BATCH_TOKENS = 65536  # cached tokens (padded) per question pass
 QUESTION_ROOM = 256  # positions kept free for the question pass after the longest block
@@ -125,14 +127,52 @@ def extract_parallel(
                 feats = _features(prompts[j], [capture.sums[layer][b] for layer in range(layers)])
                 feats.cache_hits, feats.cache_misses = hits[j], misses[j]
                 if cross:
-                    feats.cross, feats.cross_sources = cross_reads(
-                        proxy, prompts[j], rows[j].parts, [queries[key(bl.ids)] for bl in prompts[j].blocks], layers
+                    block_keys = [key(bl.ids) for bl in prompts[j].blocks]
+                    feats.cross, feats.cross_sources = CROSS_READS.get_or_compute(
+                        (*block_keys, prompts[j].question_start),
+                        lambda j=j, block_keys=block_keys: cross_reads(  # type: ignore[misc]
+                            proxy, prompts[j], rows[j].parts, [queries[k] for k in block_keys], layers
+                        ),
                     )
                 out[j] = feats
             batch = []
         if i >= 0:
             batch.append(i)
     return [f for f in out if f is not None]
+
+
+class _CrossReads:
+    """The cross-document readings of recent document sets (thread-safe, bounded): a reading depends on the set's
+    blocks (their content-addressed keys, which name the model, precision and depth) and on where the question pass
+    starts, not on the question, so questions over the same documents — a batch, a conversation, repeated
+    retrievals — compute it once."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[tuple[object, ...], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+
+    def get_or_compute(
+        self, key: tuple[object, ...], compute: Callable[[], tuple[np.ndarray, np.ndarray]]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None:
+                self._entries.move_to_end(key)
+        if hit is None:
+            hit = compute()
+            with self._lock:
+                self._entries[key] = hit
+                while len(self._entries) > self.size:
+                    self._entries.popitem(last=False)
+        return hit[0].copy(), hit[1].copy()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+CROSS_READS = _CrossReads(256)  # a reading of 50 sentences at 16 layers is ~30 KB
 
 
 def block_limit(proxy: ProxyModel, max_tokens: int) -> int:
