@@ -71,9 +71,9 @@ def extract_parallel(
     hits = [0] * len(prompts)
     misses = [0] * len(prompts)
     todo: dict[str, Block] = {}
+    keys = [[key(block.ids) for block in prompt.blocks] for prompt in prompts]  # each block's, hashed once
     for c, prompt in enumerate(prompts):
-        for block in prompt.blocks:
-            k = key(block.ids)
+        for block, k in zip(prompt.blocks, keys[c], strict=True):
             if k in states or k in todo:
                 hits[c] += k in states
                 misses[c] += k in todo
@@ -113,7 +113,7 @@ def extract_parallel(
         _, (prefix_states,) = encode_blocks(proxy, [], [prefix], layers, batch_tokens=batch_tokens)
     if cache is not None and prefix_key not in cache:
         cache.put(prefix_key, prefix_states)
-    rows = [QuestionPass(p, [prefix_states, *(states[key(b.ids)] for b in p.blocks)]) for p in prompts]
+    rows = [QuestionPass(p, [prefix_states, *(states[k] for k in keys[c])]) for c, p in enumerate(prompts)]
     out: list[AttentionFeatures | None] = [None] * len(rows)
     order = sorted(range(len(rows)), key=lambda i: rows[i].length)
     batch: list[int] = []
@@ -127,11 +127,10 @@ def extract_parallel(
                 feats = _features(prompts[j], [capture.sums[layer][b] for layer in range(layers)])
                 feats.cache_hits, feats.cache_misses = hits[j], misses[j]
                 if cross:
-                    block_keys = [key(bl.ids) for bl in prompts[j].blocks]
                     feats.cross, feats.cross_sources = CROSS_READS.get_or_compute(
-                        (*block_keys, prompts[j].question_start),
-                        lambda j=j, block_keys=block_keys: cross_reads(  # type: ignore[misc]
-                            proxy, prompts[j], rows[j].parts, [queries[k] for k in block_keys], layers
+                        (*keys[j], prompts[j].question_start),
+                        lambda j=j: cross_reads(  # type: ignore[misc]
+                            proxy, prompts[j], rows[j].parts, [queries[k] for k in keys[j]], layers
                         ),
                     )
                 out[j] = feats
