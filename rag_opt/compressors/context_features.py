@@ -63,6 +63,20 @@ def _title_pattern(title: str) -> re.Pattern[str] | None:
     return re.compile(r"(?<!\w)" + re.escape(core) + r"(?!\w)", re.IGNORECASE)
 
 
+@lru_cache(maxsize=256)
+def _mentions(titles: tuple[str, ...], texts: tuple[tuple[int, str], ...]) -> tuple[tuple[int, int], ...]:
+    """``(d, i)`` for each candidate ``texts[i]`` (its document, its text) that names document ``d``'s title, ``d``
+    another document. It depends on the documents only, not on the question: remembered per document set (a
+    second question over the same documents skips the ``documents × units`` pattern searches)."""
+    out = []
+    for d, title in enumerate(titles):
+        pat = _title_pattern(title) if title else None
+        if pat is None:
+            continue
+        out += [(d, i) for i, (doc, text) in enumerate(texts) if doc != d and pat.search(text)]
+    return tuple(out)
+
+
 def _titles(units: UnitTable) -> list[str | None]:
     out: list[str | None] = [None] * units.n_docs
     for r, kind in enumerate(units.kind):
@@ -95,18 +109,17 @@ def context_features(logits: np.ndarray, units: UnitTable, names: Sequence[str] 
             doc_best[d] = z[rows].max()
     doc_rank = np.empty(units.n_docs)
     doc_rank[np.argsort(-doc_best, kind="stable")] = np.arange(units.n_docs)
-    titles = _titles(units)
-    patterns = [_title_pattern(t) if t else None for t in titles]
-    # mentions[r, d]: candidate unit r (of another document) names document d's title
+    # candidate unit r (of another document) names document d's title
     named_by = np.full(units.n_docs, floor)
     names_other = np.full(n, floor)
-    for d, pat in enumerate(patterns):
-        if pat is None:
-            continue
-        for r in np.flatnonzero(cand):
-            if int(units.doc[r]) != d and pat.search(units.texts[r]):
-                named_by[d] = max(named_by[d], z[r])
-                names_other[r] = max(names_other[r], doc_best[d])
+    rows_c = np.flatnonzero(cand)
+    mentions = _mentions(
+        tuple(t or "" for t in _titles(units)), tuple((int(units.doc[r]), units.texts[r]) for r in rows_c)
+    )
+    for d, i in mentions:
+        r = int(rows_c[i])
+        named_by[d] = max(named_by[d], z[r])
+        names_other[r] = max(names_other[r], doc_best[d])
     for d, rows in enumerate(per_doc):
         k = rows.size
         if not k:

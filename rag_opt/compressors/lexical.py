@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -68,23 +69,35 @@ def _tokens(texts: Sequence[str], language: str) -> list[list[str]]:
 def bm25_scores(question: str, texts: Sequence[str], language: str = "en") -> np.ndarray:
     """BM25 score of each text for the question (0 for texts sharing no term with it), ``language``'s
     stopwords removed."""
-    bm25s = _bm25s()
-
     if not texts:
         return np.zeros(0, dtype=np.float32)
-    corpus = _tokens(texts, language)
     query = _tokens([question], language)[0]
-    if not any(corpus) or not query:
+    retriever = _index(tuple(texts), language)
+    if retriever is None or not query:
         return np.zeros(len(texts), dtype=np.float32)
-    # bm25s cannot index empty documents: give them a placeholder token that no query contains
-    corpus = [toks if toks else ["\x00"] for toks in corpus]
-    retriever = bm25s.BM25()
-    retriever.index(corpus, show_progress=False)
     vocab = retriever.vocab_dict
     known = [t for t in query if t in vocab]
     if not known:
         return np.zeros(len(texts), dtype=np.float32)
     return np.asarray(retriever.get_scores(known), dtype=np.float32)
+
+
+INDEX_MEMO = 64  # BM25 indexes of recent text sets (a second question over the same documents reuses one)
+
+
+@lru_cache(maxsize=INDEX_MEMO)
+def _index(texts: tuple[str, ...], language: str) -> Any:
+    """The BM25 index of ``texts`` (None when no text has a term); it depends on the texts only, so it is
+    remembered per text set (bounded; only read afterwards)."""
+    bm25s = _bm25s()
+    corpus = _tokens(texts, language)
+    if not any(corpus):
+        return None
+    # bm25s cannot index empty documents: give them a placeholder token that no query contains
+    corpus = [toks if toks else ["\x00"] for toks in corpus]
+    retriever = bm25s.BM25()
+    retriever.index(corpus, show_progress=False)
+    return retriever
 
 
 def term_overlap(question: str, texts: Sequence[str], language: str = "en") -> np.ndarray:

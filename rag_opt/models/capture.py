@@ -62,6 +62,8 @@ class Capture:
     # their own (a question pass over cached documents, with its own 4D mask)
     keep_kv: bool = False
     past: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+    # where ``past``'s tensors have room for the pass's own states (they are written there); None: concatenated
+    room_at: int | None = None
     kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # a document pass that also keeps some tokens' query states (rotary embeddings applied): per batch row the
     # token positions to keep (``keep_q``), and per layer, per row, their queries (heads, rows, head_dim) in ``q``
@@ -103,7 +105,13 @@ def _rows_attention(
             import torch
 
             past_k, past_v = capture.past[index]
-            key, value = torch.cat([past_k, key], dim=2), torch.cat([past_v, value], dim=2)
+            if capture.room_at is None:
+                key, value = torch.cat([past_k, key], dim=2), torch.cat([past_v, value], dim=2)
+            else:  # the cached states have room for this pass's own: written in place, nothing copied again
+                end = capture.room_at + key.shape[2]
+                past_k[:, :, capture.room_at : end] = key
+                past_v[:, :, capture.room_at : end] = value
+                key, value = past_k[:, :, :end], past_v[:, :, :end]
         if capture.keep_kv:
             capture.kv[index] = (key, value)
         if capture.keep_q is not None:
@@ -142,27 +150,30 @@ def _grouped_sdpa(
 
 
 def _record(capture: Capture, module: Any, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> int:
-    """Record this layer's rows for every prompt of the batch; returns the layer index."""
+    """Record this layer's rows for every prompt of the batch; returns the layer index.
+
+    Items that read the same context of the same batch row (several questions over one document set, packed in
+    one question pass) share one selection of its keys; each item's product stays its own (one product over all
+    their rows would leave the caches, and cost more)."""
     import torch
 
     n_heads = query.shape[1]
     head_dim = query.shape[-1]
     scale = scaling if scaling is not None else head_dim**-0.5
-    per_item = []
+    per_item: list[torch.Tensor] = []
     cross: list[torch.Tensor | None] = []
+    keys: dict[tuple[int, int], torch.Tensor] = {}
     for i, item in enumerate(capture.items):
         b = i if item.row is None else item.row
         q = query[b].index_select(1, item.q_rows).float()  # (H, R, d)
-        k = key[b].index_select(1, item.ctx_pos).float()  # (KVH, C, d)
+        k = keys.get((b, id(item.ctx_pos)))
+        if k is None:
+            k = keys[(b, id(item.ctx_pos))] = key[b].index_select(1, item.ctx_pos).float()  # (KVH, C, d)
         kvh, rows = k.shape[0], q.shape[1]
         # grouped: the query heads that share a key/value head read it together (no repeated keys)
         logits = torch.matmul(q.reshape(kvh, (n_heads // kvh) * rows, -1), k.transpose(-1, -2))
         probs = torch.softmax(logits.reshape(n_heads, rows, -1) * scale, dim=-1)  # (H, R, C)
-        nq = item.n_question_rows
-        views = torch.stack([probs[:, -1, :], probs[:, :nq, :].mean(dim=1) if nq else probs[:, -1, :]])  # (V,H,C)
-        sums = torch.zeros(views.shape[0], n_heads, item.n_units, dtype=torch.float32, device=views.device)
-        sums.index_add_(2, item.unit_of_ctx, views)
-        per_item.append(sums)
+        per_item.append(_unit_sums(item, probs))
         if item.sources is not None and k.shape[0] != n_heads:
             k = k.repeat_interleave(n_heads // k.shape[0], dim=0)
         cross.append(_cross_rows(item, query[b], k, scale) if item.sources is not None else None)
@@ -170,6 +181,18 @@ def _record(capture: Capture, module: Any, query: torch.Tensor, key: torch.Tenso
     capture.sums[layer] = per_item
     capture.cross[layer] = cross
     return layer
+
+
+def _unit_sums(item: CaptureItem, probs: torch.Tensor) -> torch.Tensor:
+    """``(views, heads, units)``: the final token's row and the question rows' mean (``probs``: (H, R, C)),
+    summed over each unit's context tokens."""
+    import torch
+
+    nq = item.n_question_rows
+    views = torch.stack([probs[:, -1, :], probs[:, :nq, :].mean(dim=1) if nq else probs[:, -1, :]])  # (V, H, C)
+    sums = torch.zeros(views.shape[0], probs.shape[0], item.n_units, dtype=torch.float32, device=views.device)
+    sums.index_add_(2, item.unit_of_ctx, views)
+    return sums
 
 
 def _cross_rows(item: CaptureItem, query: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:

@@ -298,15 +298,17 @@ def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: 
     questions = [[len(rows[i].prompt.question_ids) for i in m] for m in members]
     c_max, s_max = max(lengths), max(sum(q) for q in questions)
     first = rows[0].parts[0]
-    # one buffer (2, layers, B, KVH, c_max, d), each part copied once into place: every layer's keys and values
-    # are then contiguous views (padding stays zero and is masked)
-    buf = first.new_zeros(2, depth, len(members), first.shape[2], c_max, first.shape[4])
+    # one buffer (2, layers, B, KVH, c_max + s_max, d), each part copied once into place, with room after the
+    # cached states for the pass's own (written there layer by layer: Capture.room_at): every layer's keys and
+    # values are then contiguous views, and nothing is copied again (padding is zeroed and masked)
+    buf = first.new_empty(2, depth, len(members), first.shape[2], c_max + s_max, first.shape[4])
     for b, m in enumerate(members):
         pos = 0
         for part in rows[m[0]].parts:
             n = int(part.shape[3])
             buf[:, :, b, :, pos : pos + n] = part[:, :depth]
             pos += n
+        buf[:, :, b, :, pos:] = 0
     buf = buf.to(dev)
     past = {layer: (buf[0, layer], buf[1, layer]) for layer in range(depth)}
     pad = proxy.tokenizer.pad_token_id
@@ -316,15 +318,18 @@ def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: 
     items: list[CaptureItem | None] = [None] * len(rows)
     for b, m in enumerate(members):
         off = 0
+        # the row's questions read the same blocks: one context, its tensors shared (the capture reads them once)
+        ctx_pos, unit_of = context_positions(rows[m[0]].prompt)
+        ctx = torch.tensor(ctx_pos, dtype=torch.long, device=dev)
+        unit_of_ctx = torch.tensor(unit_of, dtype=torch.long, device=dev)
         for i in m:
             prompt = rows[i].prompt
             q = len(prompt.question_ids)
             ids[b, off : off + q] = torch.tensor(prompt.question_ids)
             positions[b, off : off + q] = prompt.question_start + torch.arange(q)
-            ctx_pos, unit_of = context_positions(prompt)
             items[i] = CaptureItem(
-                ctx_pos=torch.tensor(ctx_pos, dtype=torch.long, device=dev),
-                unit_of_ctx=torch.tensor(unit_of, dtype=torch.long, device=dev),
+                ctx_pos=ctx,
+                unit_of_ctx=unit_of_ctx,
                 n_units=prompt.n_units,
                 # rows of the pass's own queries: the question's tokens, then the final token
                 q_rows=torch.tensor([off + j for j in prompt.q_rows] + [off + q - 1], dtype=torch.long, device=dev),
@@ -337,6 +342,7 @@ def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: 
         items=[it for it in items if it is not None],
         stop_after=depth - 1 if depth < proxy.num_layers else None,
         past=past,
+        room_at=c_max,
     )
     base = getattr(proxy.model, "model", None) or proxy.model.base_model
     with capturing(capture), torch.inference_mode():

@@ -72,7 +72,6 @@ def cross_reads(
     dev = torch.device(proxy.device)  # the cached states live on the CPU; the reading runs where the model does
     ctx = torch.tensor(ctx_pos, dtype=torch.long, device=dev)
     units = torch.tensor(unit_of, dtype=torch.long, device=dev)
-    ctx_doc = torch.from_numpy(doc_of_unit[np.asarray(unit_of, dtype=np.int64)]).to(dev)
     sdoc = torch.from_numpy(src_doc).to(dev)
     n_ctx = float(len(ctx_pos))
     # each source moves from its own position to the question pass's first position
@@ -85,20 +84,33 @@ def cross_reads(
     kvh = keys.shape[1]
     scale = float(q_all.shape[-1]) ** -0.5  # the model's own scaling (head_dim ** -0.5)
     sums = torch.zeros(depth, heads, n_units, dtype=torch.float32, device=dev)
-    chunks = range(0, len(src_doc), SOURCE_CHUNK)
-    # per source and context token: the even-share scale where the token is another document's, else 0
-    weights = [(sdoc[a : a + SOURCE_CHUNK, None] != ctx_doc[None, :]).float() * n_ctx for a in chunks]
+    # the even-share scale where a unit is another document's than the source's, else 0: (sources, units)
+    unit_doc = torch.from_numpy(doc_of_unit).to(dev)
+    weight = (sdoc[:, None] != unit_doc[None, :]).float() * n_ctx
+    # the context's tokens come unit by unit (positions in prompt order): a unit is a run of columns, summed by
+    # np.add.reduceat on the CPU (one pass; index_add_ over the last axis costs several), index_add_ elsewhere
+    present = np.unique(np.asarray(unit_of, dtype=np.int64))
+    starts = np.searchsorted(np.asarray(unit_of, dtype=np.int64), present)
+    present_t = torch.from_numpy(present).to(dev)
+    on_cpu = dev.type == "cpu"
     for layer in range(depth):
         k = keys[layer].index_select(1, ctx).float().transpose(-1, -2)  # (KVH, d, C)
-        q = _rotate(q_all[layer].float(), cos, sin)  # (H, S, d)
-        per_token = torch.zeros(heads, k.shape[2], dtype=torch.float32, device=dev)
-        for a, weight in zip(chunks, weights, strict=True):
+        q = _rotate(q_all[layer].float(), cos, sin).mul_(scale)  # (H, S, d)
+        for a in range(0, len(src_doc), SOURCE_CHUNK):
             qc = q[:, a : a + SOURCE_CHUNK]
             rows = qc.shape[1]
-            logits = torch.matmul(qc.reshape(kvh, (heads // kvh) * rows, -1), k)
-            probs = torch.softmax(logits.reshape(heads, rows, -1) * scale, dim=-1)  # (H, S, C)
-            per_token += (probs * weight).sum(dim=1)
-        sums[layer].index_add_(1, units, per_token)
+            logits = torch.matmul(qc.reshape(kvh, (heads // kvh) * rows, -1), k).reshape(heads, rows, -1)
+            # softmax, in place and unnormalised (one (H, S, C) tensor, no copies); each row's sum divides the
+            # per-unit sums instead, (H, S, U): a hundredth of the size
+            e = logits.sub_(logits.amax(dim=-1, keepdim=True)).exp_()
+            row_sums = e.sum(dim=-1, keepdim=True)
+            per_unit = torch.zeros(heads, rows, n_units, dtype=torch.float32, device=dev)
+            if on_cpu:
+                runs = np.add.reduceat(e.numpy(), starts, axis=-1)
+                per_unit[:, :, present_t] = torch.from_numpy(runs)
+            else:
+                per_unit.index_add_(2, units, e)
+            sums[layer] += (per_unit.div_(row_sums) * weight[None, a : a + SOURCE_CHUNK]).sum(dim=1)
     total = sums.permute(2, 0, 1).cpu().numpy()  # (U, L, H)
     ok = (n_sources > 0) & (counts > 0)
     cross[ok] = total[ok] / (n_sources[ok] * counts[ok])[:, None, None]
