@@ -1,6 +1,6 @@
 """rag-opt in a LlamaIndex query engine: BM25 over the example HotpotQA paragraphs → rag-opt → LLM.
 
-Run from the repository root (needs ``pip install 'rag-opt[llamaindex]'``)::
+Run from the repository root (needs ``pip install -e '.[llamaindex]'``)::
 
     python examples/llamaindex_example.py
 

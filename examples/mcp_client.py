@@ -1,6 +1,6 @@
 """Call rag-opt's MCP tool the way an agent does: the ``mcp`` client starts ``rag-opt mcp`` over stdio.
 
-    pip install 'rag-opt[mcp]'
+    pip install -e '.[mcp]'
     python examples/mcp_client.py            # compresses the HotpotQA example to a third of its tokens
 
 It lists the server's tools, calls ``optimize_context`` with the question and the ten retrieved paragraphs of

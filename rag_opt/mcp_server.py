@@ -18,7 +18,7 @@ which limit. A call the client cancels, or one running when the server stops, is
 :func:`serve_stdio` answers every line it cannot read with a JSON-RPC error (:mod:`rag_opt.mcp_stdio`) and stops
 at once on SIGTERM or SIGINT.
 
-Needs the ``mcp`` extra (``pip install 'rag-opt[mcp]'``: the ``mcp`` package, version 2).
+Needs the ``mcp`` extra (``pip install -e '.[mcp]'`` from the checkout: the ``mcp`` package, version 2).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from rag_opt.errors import Cancelled, ConfigurationError, InvalidInputError, RagOptError, WorkLimitExceeded
+from rag_opt.install import install_hint
 from rag_opt.server.settings import ServiceLimits
 from rag_opt.work import scope
 
@@ -209,7 +210,7 @@ def build_server(
         from mcp.server.mcpserver import MCPServer
         from mcp.server.mcpserver.exceptions import ToolError
     except ImportError:
-        raise ConfigurationError("the MCP server needs the mcp extra (mcp 2): pip install 'rag-opt[mcp]'") from None
+        raise ConfigurationError(f"the MCP server needs the mcp extra (mcp 2): {install_hint('mcp')}") from None
     import anyio
     import anyio.to_thread
 

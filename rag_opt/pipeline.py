@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,9 +26,10 @@ from rag_opt.orderers.base import Orderer, OrdererResources, make_orderer
 from rag_opt.orderers.stage import order_stage
 from rag_opt.render import render_result
 from rag_opt.text.language import check_language
-from rag_opt.text.tokens import TokenCounter, get_token_counter
+from rag_opt.text.tokens import TokenCounter, get_token_counter, target_key
 from rag_opt.text.units import UnitTable
 from rag_opt.types import (
+    DEFAULT_RATIO,
     Budget,
     Document,
     DocumentLike,
@@ -53,9 +55,11 @@ class ContextOptimizer:
     Args:
         model: proxy model (None: the embedded default SmolLM2-135M; a Hugging Face id, local folder or .gguf).
         target: the target LLM whose tokens budgets are measured in (tiktoken model/encoding name, or
-            ``hf:<tokenizer>``); default ``o200k_base``.
-        ratio / target_tokens / threshold: default compression (at most one); None = no compression. Or
-            ``budget``: the same as a :class:`~rag_opt.types.Budget`.
+            ``hf:<tokenizer>``); default ``o200k_base``. An unknown name is an error (never a silent fallback).
+        ratio / target_tokens / threshold: default compression (at most one); none given: ``ratio=``
+            :data:`~rag_opt.types.DEFAULT_RATIO` (0.5), the default of every surface; ``ratio=1`` keeps
+            everything. Or ``budget``: the same as a :class:`~rag_opt.types.Budget`. When a result is not
+            compressed (its budget holds the whole context), its ``warnings`` say so.
         ordering: ``input`` (keep), ``lost_in_the_middle`` (best at both ends), ``relevance`` (best first),
             ``calibrated`` (best into the slots the proxy attends to most, from its calibration profile) or
             ``attention_sort`` (the proxy's attention sorts the kept documents, 2 rounds: extra forward passes).
@@ -117,11 +121,13 @@ class ContextOptimizer:
         encoding: str = DEFAULT_ENCODING,
         cache: EncodingCache | int | str | None = "auto",
     ) -> None:
-        self.budget = check_budget(ratio, target_tokens, threshold, budget) or Budget()
+        self.budget = check_budget(ratio, target_tokens, threshold, budget) or Budget(ratio=DEFAULT_RATIO)
         self.ordering: OrderingName = check_ordering(ordering)
         if max_window_tokens < 128:
             raise InvalidInputError("max_window_tokens must be at least 128")
         self.model = model
+        if target is not None:
+            target_key(target)  # refuses an unknown target now (loads nothing)
         self.target = target
         self.probe = probe
         self.selection_options = SelectionOptions(keep_best_per_doc=keep_best_per_doc, keep_first=keep_first)
@@ -321,6 +327,8 @@ class ContextOptimizer:
             ordering = order_stage(job.query, orderer, units, scores, selection)
         job.timings.total_ms = (time.perf_counter() - t0) * 1e3
         warnings = (_score_warnings(scores, orderer) if scores is not None else []) + ordering.warnings
+        if not job.shrink:
+            warnings.append(_uncompressed_note(budget, job.limit, units.tokens_before))
         return render_result(
             job.query,
             units,
@@ -351,6 +359,23 @@ class _Job:
     scores: Scores | None = None
 
 
+def _uncompressed_note(budget: Budget, limit: int | None, tokens_before: int) -> str:
+    """Why nothing was compressed (never a silent no-op)."""
+    if not budget.compresses:
+        return "nothing compressed: no budget was set"
+    given = (
+        f"ratio {budget.ratio:g}"
+        if budget.ratio is not None
+        else f"target_tokens {budget.target_tokens}"
+        if budget.target_tokens is not None
+        else "the budget"
+    )
+    return (
+        f"nothing compressed: the budget ({given}: {limit} tokens) holds the whole context ({tokens_before} target "
+        "tokens)"
+    )
+
+
 def _score_warnings(scores: Scores, orderer: Orderer) -> list[str]:
     out = [scores.calibration_note] if scores.calibration_note and orderer.reorders else []
     if scores.method == "raw-attention":
@@ -367,8 +392,22 @@ def _timed(timings: Timings, field: str) -> Iterator[None]:
         setattr(timings, field, (time.perf_counter() - t) * 1e3)
 
 
-_DEFAULT: ContextOptimizer | None = None
-_DEFAULT_LOCK = threading.Lock()
+OPTIMIZERS_KEPT = 4  # optimizers optimize() keeps, one per set of options (each holds its loaded models)
+_OPTIMIZERS: OrderedDict[tuple[Any, ...], ContextOptimizer] = OrderedDict()
+_OPTIMIZERS_LOCK = threading.Lock()
+
+
+def _options_key(options: dict[str, Any]) -> tuple[Any, ...]:
+    """A key for a set of :class:`ContextOptimizer` options (an unhashable value counts by identity)."""
+    out = []
+    for name in sorted(options):
+        value = options[name]
+        try:
+            hash(value)
+        except TypeError:
+            value = ("id", id(value))
+        out.append((name, value))
+    return tuple(out)
 
 
 def optimize(
@@ -386,16 +425,20 @@ def optimize(
 ) -> OptimizeResult:
     """Optimize retrieved ``documents`` for ``query`` in one call.
 
-    Models are loaded once per process and reused across calls with the same settings. See
+    The optimizer (and its loaded models) is kept per set of options and reused by later calls with the same
+    ones (the :data:`OPTIMIZERS_KEPT` most recent). No budget given: :data:`~rag_opt.types.DEFAULT_RATIO`. See
     :class:`ContextOptimizer` for every option.
     """
-    global _DEFAULT
-    with _DEFAULT_LOCK:
-        opt = _DEFAULT
-        if opt is None or opt.model != model or opt.target != target or kwargs:
-            opt = ContextOptimizer(model=model, target=target, **kwargs)
-            if not kwargs:
-                _DEFAULT = opt
+    options = {"model": model, "target": target, **kwargs}
+    key = _options_key(options)
+    with _OPTIMIZERS_LOCK:
+        opt = _OPTIMIZERS.get(key)
+        if opt is None:
+            opt = ContextOptimizer(**options)
+            _OPTIMIZERS[key] = opt
+            while len(_OPTIMIZERS) > OPTIMIZERS_KEPT:
+                _OPTIMIZERS.popitem(last=False)
+        _OPTIMIZERS.move_to_end(key)
     return opt.optimize(
         query,
         documents,

@@ -28,10 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_EXPLAIN_RATIO", "explain", "render_html", "write_html"]
-
-DEFAULT_EXPLAIN_RATIO = 0.5
-"""The ratio :func:`explain` compresses to when neither the call nor the optimizer sets a budget."""
+__all__ = ["explain", "render_html", "write_html"]
 
 _CSS = """
 :root { --fg:#1f2933; --muted:#6b7280; --line:#e5e7eb; --bg:#f8fafc; --card:#ffffff; --accent:#0f766e; }
@@ -138,6 +135,20 @@ def _render_text(text: str, units: Sequence[Unit], scale: _Scale) -> str:
     return "".join(parts)
 
 
+def _calibration_note(result: OptimizeResult) -> str:
+    """Whether document relevance is position-calibrated, and why not (pointing at warnings only when there are)."""
+    if result.calibrated:
+        return "document relevance calibrated against the positional attention profile."
+    if result.encoding == "parallel":
+        return (
+            "document relevance needs no position calibration: under parallel encoding each document is read on "
+            "its own, whatever its slot."
+        )
+    if result.encoding is None:
+        return "no document relevance was computed by the proxy model."
+    return "document relevance is not position-calibrated" + (" (see the warnings)." if result.warnings else ".")
+
+
 def _relevance_bar(score: float | None, top: float) -> str:
     if score is None or not math.isfinite(score):
         return "—"
@@ -208,11 +219,7 @@ def render_html(
     note = (
         f"Tokens in the target tokenizer <code>{_esc(result.target_tokenizer)}</code>; proxy model "
         f"<code>{_esc(result.proxy_model or 'none')}</code>; ordering <code>{_esc(result.ordering)}</code>; "
-        + (
-            "document relevance calibrated against the positional attention profile."
-            if result.calibrated
-            else "document relevance is not position-calibrated (see the warnings)."
-        )
+        + _calibration_note(result)
     )
     h.append(f'<p class="note">{note}</p>')
     h.extend(f'<p class="note">⚠ {_esc(w)}</p>' for w in result.warnings)
@@ -314,14 +321,11 @@ def explain(
     """Optimize ``documents`` for ``query`` and return the explain report's HTML (also written to ``out``).
 
     Settings are passed to :meth:`ContextOptimizer.optimize`; when neither they nor the optimizer set a
-    budget, the documents are compressed to :data:`DEFAULT_EXPLAIN_RATIO` of their tokens so there is
-    something to explain.
+    budget, the optimizer's default applies (:data:`~rag_opt.types.DEFAULT_RATIO`, as everywhere).
     """
     from rag_opt.pipeline import ContextOptimizer
 
     opt = optimizer if optimizer is not None else ContextOptimizer()
-    if all(v is None for v in (ratio, target_tokens, threshold, opt.ratio, opt.target_tokens, opt.threshold)):
-        ratio = DEFAULT_EXPLAIN_RATIO
     docs = to_documents(documents)
     result = opt.optimize(query, docs, ratio=ratio, target_tokens=target_tokens, threshold=threshold, ordering=ordering)
     page = render_html(result, docs)

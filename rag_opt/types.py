@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rag_opt.errors import InvalidInputError, InvalidInputTypeError
 
 __all__ = [
+    "DEFAULT_RATIO",
     "ORDERING_NAMES",
     "Budget",
     "Document",
@@ -50,11 +51,18 @@ def check_ordering(name: object) -> OrderingName:
     return name  # type: ignore[return-value]
 
 
+DEFAULT_RATIO = 0.5
+"""The one default budget of every surface (Python API, CLI, proxy, sidecar, MCP, batch): keep half of the
+context's target-LLM tokens when no ``ratio``, ``target_tokens`` or ``threshold`` is given. ``ratio=1`` keeps
+everything (ordering only)."""
+
+
 @dataclass(frozen=True)
 class Budget:
     """How much context to keep: at most one of ``ratio`` (a fraction of the input's target-LLM tokens, in
     (0, 1]), ``target_tokens`` (a token count) or ``threshold`` (keep units whose relevance probability is at
-    least this). All None: no compression. Validated when built."""
+    least this). All None: no limit of its own (where a budget is optional, :data:`DEFAULT_RATIO` applies).
+    Validated when built."""
 
     ratio: float | None = None
     target_tokens: int | None = None

@@ -153,7 +153,7 @@ def test_relevance_ordering_without_compression_uses_our_scores() -> None:
         Document(page_content=t, metadata={"s": s}, id=f"d{i}")
         for i, (t, s) in enumerate(zip(texts, [3, 1, 2], strict=True))
     ]
-    opt = ContextOptimizer(scorer=BM25Scorer())
+    opt = ContextOptimizer(scorer=BM25Scorer(), ratio=1.0)  # ratio 1: keep everything (the default is 0.5)
     out = RagOptCompressor(optimizer=opt, ordering="relevance", score_key="s").compress_documents(
         docs, "capital of France?"
     )
@@ -281,7 +281,7 @@ def test_runnable_configurable_fields(retriever: Any, questions: list[str], bm25
 
 
 def test_runnable_accepts_strings_and_dicts_and_keeps_metadata(bm25_opt) -> None:
-    runnable = RagOptRunnable(optimizer=bm25_opt)  # no budget: nothing dropped, everything kept verbatim
+    runnable = RagOptRunnable(optimizer=bm25_opt, ratio=1.0)  # ratio 1: nothing dropped, everything kept verbatim
     docs: list[Any] = [
         {"text": "Paris is the capital of France. It is large.", "title": "Paris", "id": "p", "metadata": {"k": 1}},
         "Berlin is the capital of Germany.",

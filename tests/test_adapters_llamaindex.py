@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("llama_index.core", reason="llama-index-core is not installed (pip install 'rag-opt[llamaindex]')")
+pytest.importorskip("llama_index.core", reason="llama-index-core is not installed (pip install -e '.[llamaindex]')")
 
 from llama_index.core.llms import MockLLM  # noqa: E402
 from llama_index.core.query_engine import RetrieverQueryEngine  # noqa: E402
@@ -127,13 +127,13 @@ def test_postprocess_sync_and_async_agree(retriever: BM25NodeRetriever, examples
     _check_nodes(nodes, sync)
 
 
-def test_nodes_without_text_pass_through_and_no_budget_keeps_all() -> None:
+def test_nodes_without_text_pass_through_and_ratio_one_keeps_all() -> None:
     text_nodes = [
         NodeWithScore(node=TextNode(text="Paris is the capital of France.", id_="p"), score=0.5),
         NodeWithScore(node=TextNode(text="Berlin is in Germany.", id_="b"), score=0.2),
     ]
     image = NodeWithScore(node=ImageNode(image="aGVsbG8=", id_="img"), score=0.9)
-    out = RagOptNodePostprocessor().postprocess_nodes([text_nodes[0], image, text_nodes[1]], query_str="Capital?")
+    out = RagOptNodePostprocessor(ratio=1.0).postprocess_nodes([text_nodes[0], image, text_nodes[1]], query_str="Capital?")
     assert [n.node.node_id for n in out] == ["p", "b", "img"]
     assert [n.node.get_content() for n in out[:2]] == [n.node.get_content() for n in text_nodes]
     assert out[2] is image

@@ -6,11 +6,13 @@ Imports are read statically (module level, outside ``if TYPE_CHECKING:``), so th
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-PKG = Path(__file__).resolve().parents[1] / "rag_opt"
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "rag_opt"
 
 
 def _module(path: Path) -> str:
@@ -78,12 +80,15 @@ def test_the_runtime_never_imports_training_code() -> None:
         assert not bad, f"{m} imports training code: {bad}"
 
 
+_SHARED_BY_ADAPTERS = ("rag_opt.adapters.metadata", "rag_opt.adapters.options")  # helpers, not adapters
+
+
 def test_adapters_and_the_server_import_no_other_adapter() -> None:
     graph = _graph(top_level_only=False)
     for m, deps in graph.items():
         if m.startswith(("rag_opt.adapters.", "rag_opt.server")):
             others = sorted(
-                d for d in deps if d.startswith("rag_opt.adapters.") and d != "rag_opt.adapters.metadata" and d != m
+                d for d in deps if d.startswith("rag_opt.adapters.") and d not in _SHARED_BY_ADAPTERS and d != m
             )
             assert not others, f"{m} imports another adapter: {others}"
 
@@ -108,3 +113,40 @@ def test_importing_rag_opt_loads_no_torch_transformers_or_framework() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+# 'rag-opt' on the package index is an unrelated project that also installs as rag_opt: an install hint that names
+# it (pip install rag-opt, 'rag-opt[server]', ...) would install someone else's code
+_PIP_INSTALL = re.compile(r"pip3? install ([^\n`#;&|)]*)")
+_THE_OTHER = re.compile(r"""^['"]?rag[-_.]?opt(\[[^\]]*\])?([<>=!~].*)?['"]?$""", re.IGNORECASE)
+
+
+def _names_the_other_project(line: str) -> bool:
+    """Whether a pip install command on ``line`` asks for the distribution 'rag-opt' (any spelling, extras)."""
+    return any(_THE_OTHER.match(arg) for m in _PIP_INSTALL.finditer(line) for arg in m.group(1).split())
+
+
+def test_no_install_hint_names_the_other_project() -> None:
+    from rag_opt.install import DISTRIBUTION, install_hint
+
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    bad = []
+    for name in files:
+        path = ROOT / name
+        if path.suffix not in (".py", ".md", ".toml", ".txt", ".yml", ".yaml", ".cfg", ".html") or not path.is_file():
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if _names_the_other_project(line) and "# the check's own examples" not in line:
+                bad.append(f"{name}:{n}: {line.strip()}")
+    assert not bad, "install hints that name the unrelated 'rag-opt' project:\n" + "\n".join(bad)
+    for extra in ("server", "mcp", "ray"):
+        hint = install_hint(extra)
+        assert not _names_the_other_project(hint) and ("-e '" in hint or DISTRIBUTION in hint), hint
+    # the check catches the hints it is for, and not the command or other packages
+    wrong = [
+        "pip install rag-opt",
+        "pip install 'rag-opt[server]'",
+        'pip install -U "rag_opt[mcp]"',
+    ]  # the check's own examples
+    right = [".venv/bin/pip install -e . && .venv/bin/rag-opt optimize", "pip install -e '.[server]'  # not rag-opt"]
+    assert all(_names_the_other_project(w) for w in wrong) and not any(_names_the_other_project(r) for r in right)

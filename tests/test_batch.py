@@ -1,6 +1,6 @@
 """Batch optimization on Ray Data: the callable class, the input readers, and ``rag-opt batch`` on a local Ray.
 
-Ray is an optional extra (``pip install 'rag-opt[ray]'``), kept out of the dev extra for its size: without it
+Ray is an optional extra (``pip install -e '.[ray]'``), kept out of the dev extra for its size: without it
 these tests skip. The Ray runs are few and small (a local Ray with 2 CPUs, 2 actors, a few HotpotQA rows).
 """
 
@@ -14,7 +14,7 @@ from helpers import hotpot_dev, hotpot_docs
 
 from rag_opt.cli import main
 
-pa = pytest.importorskip("pyarrow", reason="pyarrow (from the ray extra) is not installed: pip install 'rag-opt[ray]'")
+pa = pytest.importorskip("pyarrow", reason="pyarrow (from the ray extra) is not installed: pip install -e '.[ray]'")
 
 pytestmark = pytest.mark.model
 
@@ -108,8 +108,8 @@ def test_read_rows_from_jsonl_and_parquet(tmp_path, rows):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'rag-opt[ray]'")
-    pytest.importorskip("ray.data", reason="Ray Data is not installed: pip install 'rag-opt[ray]'")
+    ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
+    pytest.importorskip("ray.data", reason="Ray Data is not installed: pip install -e '.[ray]'")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
     yield ray
     ray.shutdown()

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from rag_opt.cli import build_parser, main
+from rag_opt.install import install_hint
 
 
 def test_the_new_subcommands_are_listed_with_their_options(capsys):
@@ -36,12 +37,13 @@ def test_a_missing_extra_is_a_clear_error(capsys, monkeypatch, argv, module, mes
     monkeypatch.setitem(sys.modules, module, None)  # import fails as if the package were not installed
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert message in err and "pip install 'rag-opt[" in err and "Traceback" not in err
+    extra = "mcp" if argv == ["mcp"] else "ray"
+    assert message in err and install_hint(extra) in err and "Traceback" not in err
 
 
 def test_batch_input_errors_exit_with_status_2(capsys, tmp_path):
     pytest.importorskip("pyarrow", reason="pyarrow (from the ray extra) is not installed")
-    pytest.importorskip("ray", reason="Ray is not installed: pip install 'rag-opt[ray]'")
+    pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
     out = str(tmp_path / "out.parquet")
     assert main(["batch", "-i", str(tmp_path / "nope.jsonl"), "-o", out]) == 2
     assert "input file not found" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("mcp.server.mcpserver", reason="the mcp extra (mcp 2) is not installed: pip install 'rag-opt[mcp]'")
+pytest.importorskip("mcp.server.mcpserver", reason="the mcp extra (mcp 2) is not installed: pip install -e '.[mcp]'")
 
 ROOT = Path(__file__).resolve().parents[1]
 GUARD_S = 120  # a hang guard only: every answer below comes in well under a second once the server is up

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from helpers import hotpot_dev, hotpot_docs
 
-pytest.importorskip("mcp.server.mcpserver", reason="the mcp extra (mcp 2) is not installed: pip install 'rag-opt[mcp]'")
+pytest.importorskip("mcp.server.mcpserver", reason="the mcp extra (mcp 2) is not installed: pip install -e '.[mcp]'")
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,14 +22,39 @@ def test_public_api_is_lazy():
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
-def test_no_compression_keeps_everything_without_loading_a_model():
+def test_ratio_one_keeps_everything_without_loading_a_model_and_says_so():
     docs = [{"text": "Alpha is first. Beta is second.", "metadata": {"m": 1}}, "Gamma is third."]
-    r = rag_opt.optimize("What is second?", docs)
+    r = rag_opt.optimize("What is second?", docs, ratio=1.0)
     assert r.scorer == "none" and r.proxy_model is None
     assert [d.text for d in r.documents] == ["Alpha is first. Beta is second.", "Gamma is third."]
     assert [d.id for d in r.documents] == ["0", "1"]
     assert r.documents[0].metadata == {"m": 1}
     assert r.tokens_before == r.tokens_after > 0
+    # never a silent no-op: the result says why nothing was compressed
+    assert any(w.startswith("nothing compressed: the budget (ratio 1") for w in r.warnings), r.warnings
+
+
+def test_the_default_budget_compresses():
+    """No budget given: DEFAULT_RATIO (0.5), the default of every surface, not a silent no-op."""
+    assert rag_opt.DEFAULT_RATIO == 0.5
+    assert rag_opt.ContextOptimizer().budget == rag_opt.Budget(ratio=rag_opt.DEFAULT_RATIO)
+    ex = hotpot_dev(1)[0]
+    r = rag_opt.optimize(ex["question"], hotpot_docs(ex), tier="lexical")
+    assert 0 < r.tokens_after <= 0.5 * r.tokens_before
+    assert not any(w.startswith("nothing compressed") for w in r.warnings)
+
+
+def test_optimize_keeps_one_optimizer_per_set_of_options():
+    from rag_opt import pipeline
+
+    ex = hotpot_dev(1)[0]
+    docs = hotpot_docs(ex)
+    rag_opt.optimize(ex["question"], docs, tier="lexical", keep_first=True)
+    kept = dict(pipeline._OPTIMIZERS)
+    rag_opt.optimize(ex["question"], docs, tier="lexical", keep_first=True)  # the same options: the same optimizer
+    assert dict(pipeline._OPTIMIZERS) == kept
+    rag_opt.optimize(ex["question"], docs, tier="lexical", keep_first=False)  # other options: another one
+    assert len(pipeline._OPTIMIZERS) == min(len(kept) + 1, pipeline.OPTIMIZERS_KEPT)
 
 
 @pytest.mark.parametrize(
@@ -140,7 +165,7 @@ def test_join_spans_keeps_words_apart():
 def test_ordering_without_compression_scores_but_keeps_everything():
     ex = hotpot_dev(1)[0]
     docs = hotpot_docs(ex)[:4]
-    r = rag_opt.optimize(ex["question"], docs, ordering="relevance")
+    r = rag_opt.optimize(ex["question"], docs, ordering="relevance", ratio=1.0)
     assert r.scorer in ("probe", "raw-attention") and r.tokens_after == r.tokens_before
     assert sorted(d.index for d in r.documents) == [0, 1, 2, 3]
     assert [d.score for d in r.documents] == sorted((d.score for d in r.documents), reverse=True)

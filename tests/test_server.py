@@ -21,6 +21,7 @@ import httpx
 import openai
 import pytest
 
+from rag_opt.install import install_hint
 from rag_opt.server.documents import plan_request
 from rag_opt.server.errors import RequestError
 from rag_opt.server.settings import ProxySettings
@@ -291,7 +292,7 @@ def test_request_without_context_is_forwarded_byte_for_byte(proxy, up):
         b'{"role":"tool","tool_call_id":"c","content":"short tool result"}],\n"temperature":1E0 }'
     )
     r = httpx.post(f"{proxy[0]}/v1/chat/completions", content=body, headers={"content-type": "application/json"})
-    assert r.status_code == 200 and r.headers["x-ragopt-status"] == "no-context"
+    assert r.status_code == 200 and r.headers["x-ragopt-status"] == "no_context"
     assert up.last().body == body
     assert r.headers["x-ragopt-tokens-before"] == "0"
 
@@ -415,7 +416,7 @@ def test_fail_open_on_injected_optimizer_failure(upstream, up):
     with serve_proxy(upstream[1], failing) as (url, state):
         body = json.dumps({"model": "fake-llm", "messages": [{"role": "user", "content": user_content()}]}).encode()
         r = httpx.post(f"{url}/v1/chat/completions", content=body, headers={"content-type": "application/json"})
-        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "fail-open"
+        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "fail_open"
         assert up.last().body == body  # the original request, unchanged
         c = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0)
         ext = {"rag_opt": {"documents": ["Doc one. Doc two."]}}
@@ -464,7 +465,7 @@ def test_fail_open_on_time_budget(upstream, up):
         clock.expire()
         t.join(300)
         r = answer[0]  # answered while the optimization still runs: the client did not wait for it
-        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "fail-open"
+        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "fail_open"
         assert r.headers["x-ragopt-reason"] == "timeout" and up.last().body == body
         metrics = parse_metrics(httpx.get(f"{url}/metrics").text)
         assert metrics['ragopt_fail_open_total{reason="timeout"}'] == 1
@@ -678,7 +679,7 @@ def test_serve_without_the_server_extra_says_what_to_install(monkeypatch, capsys
 
     monkeypatch.setitem(sys.modules, "uvicorn", None)
     assert main(["serve", "--upstream", "http://localhost:1/v1"]) == 2
-    assert "pip install 'rag-opt[server]'" in capsys.readouterr().err
+    assert install_hint("server") in capsys.readouterr().err
 
 
 def test_importing_the_proxy_does_not_import_torch():

@@ -217,7 +217,7 @@ def test_unclosed_document_tags_are_forwarded_as_text(upstream):
     body = _unclosed(8_000)
     with serve_proxy(upstream[1], Spy()) as (url, _):
         r = post(url, body)
-        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "no-context"
+        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "no_context"
         assert fake.last().body == body
 
 
@@ -269,7 +269,7 @@ def test_ten_thousand_tiny_documents_are_not_queued(upstream):
     body = chat("".join(f"<document>Tiny {i}.</document>" for i in range(10_000)) + "\n\nWhich one?")
     with serve_proxy(upstream[1], spy) as (url, state):  # the default limits
         r = post(url, body)
-        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "fail-open"
+        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "fail_open"
         assert r.headers["x-ragopt-reason"] == "limit"
         assert spy.calls == [] and state.pool.gauges()[:2] == (0, 0)  # never queued, no worker busy
         assert metrics(url)['ragopt_fail_open_total{reason="limit"}'] == 1
@@ -295,7 +295,7 @@ def test_too_many_units_stop_the_optimization_before_scoring(upstream):
     assert scored == []
     with serve_proxy(upstream[1], opt, max_units=3) as (url, _):
         r = post(url, chat(f"<document>{docs[0]}</document>\n\nWhich?"))
-        assert r.headers["x-ragopt-status"] == "fail-open" and r.headers["x-ragopt-reason"] == "limit"
+        assert r.headers["x-ragopt-status"] == "fail_open" and r.headers["x-ragopt-reason"] == "limit"
     assert scored == []
 
 
@@ -364,7 +364,7 @@ def test_an_optimization_over_its_budget_frees_its_worker_at_the_next_window(ups
         assert opt.started.wait(WAIT_S)
         clock.expire()  # the budget runs out while the first window runs
         t.join(WAIT_S)
-        assert r and r[0].headers["x-ragopt-status"] == "fail-open" and r[0].headers["x-ragopt-reason"] == "timeout"
+        assert r and r[0].headers["x-ragopt-status"] == "fail_open" and r[0].headers["x-ragopt-reason"] == "timeout"
         assert state.pool.gauges()[1] == 1  # the worker is still in its first window
         opt.permits.release()  # that window ends: the next checkpoint stops the optimization
         assert opt.stopped.wait(WAIT_S)
@@ -728,7 +728,7 @@ def test_duplicate_keys_the_proxy_does_not_read_are_forwarded_as_sent(upstream):
     body = b'{"model":"m","metadata":{"a":1,"a":2},"messages":[{"role":"user","content":"hi","name":"x","name":"y"}]}'
     with serve_proxy(upstream[1], Spy()) as (url, _):
         r = post(url, body)
-        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "no-context"
+        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "no_context"
     assert fake.last().body == body
 
 

@@ -363,7 +363,7 @@ def test_responses_stream_relays_events_as_they_arrive_and_compresses_a_string_i
 
 def test_responses_without_documents_are_forwarded_byte_for_byte(gpt, sent, up):
     raw = gpt.responses.with_raw_response.create(model="fake-llm", input="Just a question, no documents.")
-    assert raw.headers["x-ragopt-status"] == "no-context" and raw.parse().output_text == "ok"
+    assert raw.headers["x-ragopt-status"] == "no_context" and raw.parse().output_text == "ok"
     assert up.last(RESPONSES).body == sent[-1]
 
 

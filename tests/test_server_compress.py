@@ -137,6 +137,23 @@ async def test_compress_bad_input_is_a_400_naming_the_problem(
     assert err["type"] == "invalid_request_error" and err["param"] == param and words in err["message"], err
 
 
+async def test_compress_takes_the_python_api_spellings_as_aliases(client: httpx.AsyncClient) -> None:
+    """One vocabulary: {"query", "ratio"} (the Python API's names) works as {"question", "budget": {"ratio"}}."""
+    aliased = {"query": EXAMPLE_QUESTION, "documents": body()["documents"], "ratio": 0.3, "tier": "lexical"}
+    r = await client.post("/v1/compress", json=aliased)
+    assert r.status_code == 200, r.text
+    r0 = await client.post("/v1/compress", json=body(budget={"ratio": 0.3}, tier="lexical"))
+    assert [d["text"] for d in r.json()["documents"]] == [d["text"] for d in r0.json()["documents"]]
+    assert r.json()["status"] == "optimized_lexical" and r.json()["tokens_after"] < r.json()["tokens_before"]
+    for payload, words in [
+        ({**aliased, "question": "q?"}, "as question or as query"),
+        ({**aliased, "budget": {"ratio": 0.5}}, "as budget={...} or as ratio at the top level"),
+        ({**aliased, "ratio": 0.2, "target_tokens": 9}, "one"),
+    ]:
+        r = await client.post("/v1/compress", json=payload)
+        assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+
+
 async def test_compress_invalid_json_and_other_methods(client: httpx.AsyncClient) -> None:
     r = await client.post("/v1/compress", content=b'{"question": ')
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"

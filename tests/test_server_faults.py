@@ -233,7 +233,7 @@ def test_full_queue_fails_open_without_waiting_and_no_context_requests_are_serve
         held = _fill_pool(url, state, opt, queued=1)
         body = chat_body(DOCS[3:6])
         r = post(url, body)  # (answered while the gate is shut: it cannot have waited for the queue)
-        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "fail-open"
+        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "fail_open"
         assert r.headers["x-ragopt-reason"] == "overload"
         assert fake.last().body == body  # forwarded as it came
 
@@ -241,7 +241,7 @@ def test_full_queue_fails_open_without_waiting_and_no_context_requests_are_serve
         with httpx.Client(timeout=60) as c:
             for _ in range(20):
                 rr = c.post(f"{url}/v1/chat/completions", json={"model": "fake-llm", "messages": [{"role": "user"}]})
-                assert rr.status_code == 200 and rr.headers["x-ragopt-status"] == "no-context"
+                assert rr.status_code == 200 and rr.headers["x-ragopt-status"] == "no_context"
 
         m = metrics(url)
         assert m['ragopt_optimizer_shed_total{reason="queue_full"}'] == 1  # not admitted: never waited
@@ -282,7 +282,7 @@ def test_a_request_that_would_wait_past_its_budget_fails_open_at_once(upstream):
         wait_until(lambda: opt.started == 1)
         state.pool._avg_s = 0.8  # as if a run took 0.8 s
         r = post(url, chat_body(DOCS[4:6]))  # estimated 1.6 s (wait 0.8 + run 0.8) > 1.5 s budget: not queued
-        assert r.headers["x-ragopt-status"] == "fail-open" and r.headers["x-ragopt-reason"] == "overload"
+        assert r.headers["x-ragopt-status"] == "fail_open" and r.headers["x-ragopt-reason"] == "overload"
         assert metrics(url)['ragopt_optimizer_shed_total{reason="estimate"}'] == 1
         assert state.pool.gauges()[0] == 0 and opt.started == 1
         opt.gate.set()
@@ -302,7 +302,7 @@ def test_timeouts_queued_jobs_never_run_and_running_ones_are_counted(upstream):
         wait_until(lambda: state.pool.gauges()[0] == 1)  # waiting in the queue
         clock.expire()  # both budgets run out: one running, one queued
         r = second.result()
-        assert r.headers["x-ragopt-status"] == "fail-open" and r.headers["x-ragopt-reason"] == "timeout"
+        assert r.headers["x-ragopt-status"] == "fail_open" and r.headers["x-ragopt-reason"] == "timeout"
         assert fake.last("/v1/chat/completions").body in (body, chat_body())
         assert first.result().headers["x-ragopt-reason"] == "timeout"
         m = metrics(url)
@@ -560,7 +560,7 @@ def test_model_failing_to_load_serves_in_pass_through_mode(upstream, tmp_path, c
         assert httpx.get(f"{url}/healthz").json() == {"status": "ok", "optimizer": "failed", "mode": "pass-through"}
         body = chat_body()
         r = post(url, body)
-        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "fail-open"
+        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "fail_open"
         assert r.headers["x-ragopt-reason"] == "unavailable"
         assert fake.last().body == body
         m = metrics(url)
@@ -593,7 +593,7 @@ def test_rag_opt_serve_with_a_broken_model_starts_in_pass_through_mode(upstream,
             time.sleep(0.2)
         assert health == {"status": "ok", "optimizer": "failed", "mode": "pass-through"}
         r = post(f"http://127.0.0.1:{port}", chat_body())
-        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "fail-open"
+        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "fail_open"
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=30)

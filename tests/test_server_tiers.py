@@ -244,7 +244,7 @@ def test_an_overloaded_model_is_replaced_by_the_lexical_tier(upstream):
         wait_until(lambda: spy.sizes == [1])
         body = chat_body(1, DOCS[3:8])
         r = post(url, body)  # answered while the worker is held: the lexical tier does not use the pool
-        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "optimized-lexical"
+        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "optimized_lexical"
         assert r.headers["x-ragopt-reason"] == "overload"
         assert forwarded(fake, "m1") == expected_body(body, tier="lexical")
         m = metrics(url)
@@ -255,7 +255,7 @@ def test_an_overloaded_model_is_replaced_by_the_lexical_tier(upstream):
         assert m['ragopt_fail_open_total{reason="overload"}'] == 0
         # an ordering that needs the proxy model cannot be served lexically: fail-open, and the reason says why
         r = post(url, chat_body(2, DOCS[3:8]), {"x-ragopt-ordering": "calibrated"})
-        assert r.headers["x-ragopt-status"] == "fail-open"
+        assert r.headers["x-ragopt-status"] == "fail_open"
         assert r.headers["x-ragopt-reason"].startswith("overload; the lexical tier cannot serve ordering=calibrated")
         spy.gate.set()
         assert first.result().headers["x-ragopt-status"] == "optimized"
@@ -269,7 +269,7 @@ def test_with_the_lexical_tier_off_an_overload_fails_open_as_before(upstream):
         first = Background(lambda: post(url, chat_body(0, DOCS[0:4])))
         wait_until(lambda: spy.sizes == [1])
         r = post(url, chat_body(1, DOCS[3:8]))
-        assert r.headers["x-ragopt-status"] == "fail-open" and r.headers["x-ragopt-reason"] == "overload"
+        assert r.headers["x-ragopt-status"] == "fail_open" and r.headers["x-ragopt-reason"] == "overload"
         spy.gate.set()
         assert first.result().headers["x-ragopt-status"] == "optimized"
         assert spy.lexical_calls == 0
@@ -288,7 +288,7 @@ def test_a_timed_out_model_optimization_falls_back_to_the_lexical_tier(upstream)
         wait_until(lambda: spy.sizes == [1])
         clock.expire()
         r = bg.result()
-        assert r.headers["x-ragopt-status"] == "optimized-lexical" and r.headers["x-ragopt-reason"] == "timeout"
+        assert r.headers["x-ragopt-status"] == "optimized_lexical" and r.headers["x-ragopt-reason"] == "timeout"
         assert forwarded(fake, "m0") == expected_body(body, tier="lexical")
         spy.gate.set()
         wait_until(lambda: state.pool.gauges()[1] == 0)
@@ -304,11 +304,11 @@ def test_large_contexts_and_a_loading_model_go_to_the_lexical_tier(upstream):
         r = post(url, small)
         assert r.headers["x-ragopt-status"] == "optimized" and spy.sizes == [1]
         r = post(url, large)
-        assert r.headers["x-ragopt-status"] == "optimized-lexical" and r.headers["x-ragopt-reason"] == "size"
+        assert r.headers["x-ragopt-status"] == "optimized_lexical" and r.headers["x-ragopt-reason"] == "size"
         assert forwarded(fake, "m1") == expected_body(large, tier="lexical") and spy.sizes == [1]
         state.optimizer_state = "loading"  # as while the warm-up loads the proxy model
         r = post(url, chat_body(2, DOCS[1:2]))
-        assert r.headers["x-ragopt-status"] == "optimized-lexical" and r.headers["x-ragopt-reason"] == "loading"
+        assert r.headers["x-ragopt-status"] == "optimized_lexical" and r.headers["x-ragopt-reason"] == "loading"
         m = metrics(url)
         assert m['ragopt_lexical_tier_total{reason="size"}'] == 1
         assert m['ragopt_lexical_tier_total{reason="loading"}'] == 1

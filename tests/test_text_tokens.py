@@ -16,6 +16,7 @@ import tiktoken
 import tiktoken.load
 import tiktoken.registry
 
+from rag_opt.errors import InvalidInputError
 from rag_opt.text import tokens
 from rag_opt.text.tokens import TokenCounter, get_token_counter
 
@@ -77,12 +78,16 @@ def test_model_names_map_to_encodings(offline: Path) -> None:
     assert get_token_counter(None).name == "o200k_base"
 
 
-def test_unknown_model_falls_back_to_o200k(offline: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("DEBUG", logger="rag_opt.text.tokens"):
-        counter = get_token_counter("my-local-llama-70b")
-    assert counter.name == "o200k_base"
-    assert counter.count("hello world") == 2
-    assert "my-local-llama-70b" in caplog.text
+def test_unknown_target_is_an_error_naming_the_choices(offline: Path) -> None:
+    for bad in ("my-local-llama-70b", "gpt-nonexistent", "o200k"):
+        with pytest.raises(InvalidInputError, match=f"unknown target '{bad}'") as err:
+            get_token_counter(bad)
+        assert "o200k_base" in str(err.value) and "hf:" in str(err.value)
+    # the optimizer refuses it when built, before any model is loaded
+    from rag_opt import ContextOptimizer
+
+    with pytest.raises(InvalidInputError, match="unknown target 'gpt-nonexistent'"):
+        ContextOptimizer(target="gpt-nonexistent", tier="lexical")
 
 
 def test_special_token_text_is_ordinary(offline: Path) -> None:
@@ -269,10 +274,12 @@ def test_spellings_of_one_hf_folder_share_one_counter(
 def test_model_names_of_one_encoding_share_one_counter(offline: Path) -> None:
     names = ["gpt-4", "gpt-3.5-turbo", "openai/gpt-4", "cl100k_base", " cl100k_base "]
     assert all(get_token_counter(n) is get_token_counter("cl100k_base") for n in names)
-    # unknown names all count with o200k_base: one counter, however many (and however long) the names
+    # unknown names are refused, however many (and however long): nothing is cached for them, and the error
+    # quotes a long name shortened
     for i in range(50):
-        assert get_token_counter(f"model-{i}-" + "x" * 100_000).name == "o200k_base"
-    assert get_token_counter.cache_info().currsize == 2
+        with pytest.raises(InvalidInputError, match=r"\(100\d{3} characters\)"):
+            get_token_counter(f"model-{i}-" + "x" * 100_071)
+    assert get_token_counter.cache_info().currsize == 1
 
 
 def test_the_cache_is_bounded_least_recently_used_first(

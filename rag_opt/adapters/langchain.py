@@ -21,14 +21,20 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun, Callbacks
-from langchain_core.documents import BaseDocumentCompressor
-from langchain_core.documents import Document as LCDocument
-from langchain_core.runnables import RunnableConfig, RunnableSerializable, run_in_executor
+from rag_opt.install import install_hint
+
+try:
+    from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun, Callbacks
+    from langchain_core.documents import BaseDocumentCompressor
+    from langchain_core.documents import Document as LCDocument
+    from langchain_core.runnables import RunnableConfig, RunnableSerializable, run_in_executor
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess without langchain-core
+    raise ImportError(f"rag_opt.adapters.langchain needs langchain-core: {install_hint('langchain')}") from exc
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from typing_extensions import Self, TypedDict
 
 from rag_opt.adapters.metadata import METADATA_KEY, document_info
+from rag_opt.adapters.options import split_options
 from rag_opt.errors import InvalidInputError, InvalidInputTypeError
 from rag_opt.pipeline import ContextOptimizer
 from rag_opt.types import Budget, Document, OptimizeResult, check_ordering, to_documents
@@ -200,7 +206,7 @@ _OPTIMIZER_DOC = "the ContextOptimizer to use (default: a new ContextOptimizer()
 class _RagOptSettings(BaseModel):
     """The settings shared by the compressor and the runnable (validated when the object is built)."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     optimizer: ContextOptimizer = Field(default_factory=ContextOptimizer, exclude=True, description=_OPTIMIZER_DOC)
     ratio: float | None = None
@@ -209,6 +215,13 @@ class _RagOptSettings(BaseModel):
     ordering: str | None = None
     metadata_key: str = METADATA_KEY
     score_key: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _options(cls, data: Any) -> Any:
+        """ContextOptimizer options build the optimizer; unknown names are refused (see
+        :mod:`rag_opt.adapters.options`)."""
+        return split_options(data, cls.model_fields, cls.__name__)
 
     @model_validator(mode="after")
     def _validate(self) -> Self:
@@ -267,6 +280,12 @@ class RagOptCompressor(_RagOptSettings, BaseDocumentCompressor):
         ordering: document ordering (None = the optimizer's).
         metadata_key: where rag-opt's scores and kept offsets go in each output's metadata.
         score_key: a metadata key holding the retriever's score (used when ordering needs a fallback).
+        Any :class:`~rag_opt.ContextOptimizer` option (``keep_best_per_doc``, ``tier``, ...) instead of
+        ``optimizer``: they build it. Unknown options are refused, naming the closest known one.
+
+    A compressor may drop whole documents (nothing of theirs fits the budget), which changes a retriever's
+    contract of returning its ``k`` documents: ``keep_best_per_doc=True`` keeps every document (at least its
+    best sentence).
     """
 
     def compress_documents(

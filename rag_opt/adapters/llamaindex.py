@@ -1,4 +1,5 @@
-"""LlamaIndex adapter: rag-opt as a node postprocessor (``pip install 'rag-opt[llamaindex]'``).
+"""LlamaIndex adapter: rag-opt as a node postprocessor (the ``llamaindex`` extra: ``pip install -e
+'.[llamaindex]'`` from the checkout).
 
 ``RagOptNodePostprocessor`` optimizes the retrieved nodes *per node*: each node's text is one document for
 :meth:`~rag_opt.ContextOptimizer.optimize` (nodes are never joined into one string). Each returned node is a
@@ -19,14 +20,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from rag_opt.install import install_hint
+
 try:
     from llama_index.core.bridge.pydantic import ConfigDict, Field, model_validator
     from llama_index.core.postprocessor.types import BaseNodePostprocessor
     from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("rag_opt.adapters.llamaindex needs llama-index-core: pip install 'rag-opt[llamaindex]'") from exc
+    raise ImportError(f"rag_opt.adapters.llamaindex needs llama-index-core: {install_hint('llamaindex')}") from exc
 
 from rag_opt.adapters.metadata import METADATA_KEY, document_info
+from rag_opt.adapters.options import split_options
 from rag_opt.errors import InvalidInputError, InvalidInputTypeError
 from rag_opt.pipeline import ContextOptimizer
 from rag_opt.types import Budget, Document, OptimizeResult, check_ordering
@@ -44,9 +48,11 @@ class RagOptNodePostprocessor(BaseNodePostprocessor):
         ratio / target_tokens / threshold: compression for each call (at most one; none = the optimizer's).
         ordering: document ordering (None = the optimizer's).
         metadata_key: where rag-opt's scores and kept offsets go in each node's metadata.
+        Any :class:`~rag_opt.ContextOptimizer` option (``keep_best_per_doc``, ``tier``, ...) instead of
+        ``optimizer``: they build it. Unknown options are refused.
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     optimizer: ContextOptimizer = Field(default_factory=ContextOptimizer, exclude=True)
     ratio: float | None = None
@@ -54,6 +60,11 @@ class RagOptNodePostprocessor(BaseNodePostprocessor):
     threshold: float | None = None
     ordering: str | None = None
     metadata_key: str = METADATA_KEY
+
+    @model_validator(mode="before")
+    @classmethod
+    def _options(cls, data: Any) -> Any:
+        return split_options(data, cls.model_fields, cls.__name__)
 
     @model_validator(mode="after")
     def _validate(self) -> RagOptNodePostprocessor:

@@ -20,7 +20,7 @@ id, index, title, text, metadata, score, raw_score, retriever_score, kept_spans,
 Ray or a cluster, and writes the output as a folder of Parquet parts (``part-00000.parquet``, ...), each part a
 fixed range of input rows written atomically once all its rows are done; a rerun skips the parts already written.
 
-Needs the ``ray`` extra (``pip install 'rag-opt[ray]'``: Ray Data, with pyarrow).
+Needs the ``ray`` extra (``pip install -e '.[ray]'`` from the checkout: Ray Data, with pyarrow).
 """
 
 from __future__ import annotations

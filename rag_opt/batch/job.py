@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from rag_opt.batch.optimizer import BatchOptimizer, pyarrow_module
 from rag_opt.errors import ConfigurationError, InvalidInputError
 from rag_opt.inputs import has_lone_surrogate
+from rag_opt.install import install_hint
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -334,7 +335,7 @@ def _run_on_ray(
         import ray
         import ray.data
     except ImportError:
-        raise ConfigurationError("rag-opt batch needs the ray extra: pip install 'rag-opt[ray]'") from None
+        raise ConfigurationError(f"rag-opt batch needs the ray extra: {install_hint('ray')}") from None
 
     started = not ray.is_initialized()  # a Ray this process already runs is used, and left running
     if started and ray_address is not None:

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from rag_opt.errors import ConfigurationError, InvalidInputError, RagOptError
+from rag_opt.install import install_hint
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -26,7 +27,7 @@ def pyarrow_module() -> Any:
     try:
         import pyarrow
     except ImportError:
-        raise ConfigurationError("batch optimization needs the ray extra: pip install 'rag-opt[ray]'") from None
+        raise ConfigurationError(f"batch optimization needs the ray extra: {install_hint('ray')}") from None
     return pyarrow
 
 

@@ -15,10 +15,9 @@ from rag_opt.cli.common import (
     optimizer_kwargs,
     positive_int,
 )
+from rag_opt.install import install_hint
 
-__all__ = ["DEFAULT_RATIO", "register"]
-
-DEFAULT_RATIO = 0.5
+__all__ = ["register"]
 
 
 def register(sub: Any) -> None:
@@ -40,7 +39,7 @@ def register(sub: Any) -> None:
     p.add_argument("--batch-size", type=positive_int, default=4, help="rows per map_batches call (default 4)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide Ray's progress bars")
     add_engine_args(p)
-    add_budget_args(p, default_ratio=DEFAULT_RATIO)
+    add_budget_args(p)
     p.set_defaults(handler=_batch)
 
 
@@ -49,10 +48,10 @@ def _batch(args: argparse.Namespace) -> int:
         import pyarrow  # noqa: F401
         import ray  # noqa: F401
     except ImportError:
-        raise UserError("rag-opt batch needs the ray extra: pip install 'rag-opt[ray]'") from None
+        raise UserError(f"rag-opt batch needs the ray extra: {install_hint('ray')}") from None
     from rag_opt.batch import run_batch, summary_dict
 
-    budget = budget_from_args(args, default_ratio=DEFAULT_RATIO)
+    budget = budget_from_args(args)
     summary = run_batch(
         args.input,
         args.output,

@@ -11,7 +11,7 @@ from typing import Any
 
 from rag_opt.errors import RagOptError
 from rag_opt.models.prompt import DEFAULT_ENCODING, ENCODINGS
-from rag_opt.types import ORDERING_NAMES, Budget
+from rag_opt.types import DEFAULT_RATIO, ORDERING_NAMES, Budget
 
 __all__ = [
     "UserError",
@@ -78,19 +78,24 @@ def positive_int(value: str) -> int:
     return n
 
 
-def add_budget_args(p: argparse.ArgumentParser, *, default_ratio: float | None = None) -> None:
-    """``--ratio`` / ``--target-tokens`` / ``--threshold``, mutually exclusive (a :class:`Budget`)."""
+def add_budget_args(p: argparse.ArgumentParser) -> None:
+    """``--ratio`` / ``--target-tokens`` / ``--threshold``, mutually exclusive (a :class:`Budget`; none given:
+    ``--ratio`` :data:`~rag_opt.types.DEFAULT_RATIO`, as on every surface)."""
     g = p.add_mutually_exclusive_group()
-    default = f" (default {default_ratio})" if default_ratio is not None else ""
-    g.add_argument("--ratio", type=_ratio, help=f"fraction of target-LLM tokens to keep, in (0, 1]{default}")
+    g.add_argument(
+        "--ratio",
+        type=_ratio,
+        help=f"fraction of target-LLM tokens to keep, in (0, 1] (default {DEFAULT_RATIO}; 1 keeps everything)",
+    )
     g.add_argument("--target-tokens", type=nonneg_int, help="token budget in the target LLM's tokens")
     g.add_argument("--threshold", type=_probability, help="keep sentences whose relevance probability is >= this")
 
 
-def budget_from_args(args: argparse.Namespace, *, default_ratio: float | None = None) -> Budget:
-    """The :class:`Budget` of the parsed budget options (``default_ratio`` when none was given)."""
+def budget_from_args(args: argparse.Namespace) -> Budget:
+    """The :class:`Budget` of the parsed budget options (:data:`~rag_opt.types.DEFAULT_RATIO` when none was
+    given)."""
     budget = Budget(ratio=args.ratio, target_tokens=args.target_tokens, threshold=args.threshold)
-    return budget if budget.compresses or default_ratio is None else Budget(ratio=default_ratio)
+    return budget if budget.compresses else Budget(ratio=DEFAULT_RATIO)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

@@ -24,7 +24,8 @@ A document longer than one block (the model's positions, or ``max_window_tokens`
 in pieces; at request time its pieces depend on the question's length, so some of them may miss the cache.
 
 ``--ray`` runs the document passes on Ray Data (``map_batches`` with :class:`RayIndexer`, one model per actor;
-needs ``pip install 'rag-opt[ray]'``); the cache folder must then be one every actor can reach.
+needs the ``ray`` extra: ``pip install -e '.[ray]'`` from the checkout); the cache folder must then be one every
+actor can reach.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from rag_opt.cli.common import UserError, add_language_arg, add_model_args, positive_int
 from rag_opt.cli.index_rows import IndexSummary, RowResult, batches, count_rows, parse_row
 from rag_opt.errors import RagOptError
+from rag_opt.install import install_hint
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.models.encoding_cache import EncodingCache
@@ -358,7 +360,7 @@ def register(sub: Any) -> None:
 
 def _index(args: argparse.Namespace) -> int:
     if args.ray and importlib.util.find_spec("ray") is None:
-        raise UserError("rag-opt index --ray needs the ray extra: pip install 'rag-opt[ray]'")
+        raise UserError(f"rag-opt index --ray needs the ray extra: {install_hint('ray')}")
     cache_dir = Path(args.cache_dir).expanduser()
     if cache_dir.exists() and not cache_dir.is_dir():
         raise UserError(f"--cache-dir {args.cache_dir} exists and is not a folder")

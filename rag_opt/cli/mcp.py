@@ -10,10 +10,9 @@ import threading
 from typing import Any
 
 from rag_opt.cli.common import UserError, add_budget_args, add_engine_args, budget_from_args, optimizer_kwargs
+from rag_opt.install import install_hint
 
-__all__ = ["DEFAULT_RATIO", "register"]
-
-DEFAULT_RATIO = 0.5
+__all__ = ["register"]
 
 # the limits are rag-opt serve's settings (their defaults, bounds and RAG_OPT_* variables); what passing one does
 # here is the tool's own
@@ -38,7 +37,7 @@ def register(sub: Any) -> None:
         "JSON-RPC gets a JSON-RPC error; SIGTERM or SIGINT stops the server at once. Logs go to standard error.",
     )
     add_engine_args(p)
-    add_budget_args(p, default_ratio=DEFAULT_RATIO)
+    add_budget_args(p)
     from rag_opt.server.settings import SERVICE_LIMITS, add_settings_arguments
 
     add_settings_arguments(p.add_argument_group("limits"), names=SERVICE_LIMITS, descriptions=_LIMIT_HELP)
@@ -49,13 +48,13 @@ def _mcp(args: argparse.Namespace) -> int:
     try:
         import mcp.server.mcpserver  # noqa: F401
     except ImportError:
-        raise UserError("rag-opt mcp needs the mcp extra (mcp 2): pip install 'rag-opt[mcp]'") from None
+        raise UserError(f"rag-opt mcp needs the mcp extra (mcp 2): {install_hint('mcp')}") from None
     from rag_opt.mcp_server import serve_stdio
     from rag_opt.pipeline import ContextOptimizer
     from rag_opt.server.settings import SERVICE_LIMITS, ServiceLimits
 
     limits = ServiceLimits.from_sources({name: getattr(args, name, None) for name in SERVICE_LIMITS})
-    optimizer = ContextOptimizer(**optimizer_kwargs(args), budget=budget_from_args(args, default_ratio=DEFAULT_RATIO))
+    optimizer = ContextOptimizer(**optimizer_kwargs(args), budget=budget_from_args(args))
     logging.getLogger("rag_opt").setLevel(min(logging.getLogger().getEffectiveLevel(), logging.INFO))
     # the proxy model loads while the client connects (a call waits for it; its time budget starts after)
     threading.Thread(target=_preload, args=(optimizer,), name="rag-opt-preload", daemon=True).start()

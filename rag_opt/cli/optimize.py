@@ -34,13 +34,11 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     p.set_defaults(handler=_optimize)
 
-    from rag_opt.report import DEFAULT_EXPLAIN_RATIO
-
     p = sub.add_parser("explain", help="write an HTML report of what rag-opt keeps, drops and reorders, and why")
     add_optimizer_args(p)
     p.add_argument("--out", "-o", required=True, help="where to write the HTML report; - for stdout")
-    add_budget_args(p, default_ratio=DEFAULT_EXPLAIN_RATIO)
-    p.set_defaults(handler=_explain, default_ratio=DEFAULT_EXPLAIN_RATIO)
+    add_budget_args(p)
+    p.set_defaults(handler=_explain)
 
 
 def _optimize(args: argparse.Namespace) -> int:
@@ -59,6 +57,8 @@ def _optimize(args: argparse.Namespace) -> int:
         f"scorer: {result.scorer}; {result.timings.total_ms:.0f} ms",
         file=sys.stderr,
     )
+    for warning in result.warnings:  # e.g. why nothing was compressed
+        print(f"--- rag-opt warning: {warning}", file=sys.stderr)
     return 0
 
 
@@ -70,7 +70,7 @@ def _explain(args: argparse.Namespace) -> int:
     if out is not None and not out.parent.is_dir():
         raise UserError(f"output folder not found: {out.parent}")
     docs = read_documents(args.input)
-    result = opt.optimize(args.query, docs, budget=budget_from_args(args, default_ratio=args.default_ratio))
+    result = opt.optimize(args.query, docs, budget=budget_from_args(args))
     page = render_html(result, docs)
     if out is None:
         sys.stdout.write(page)

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from rag_opt.cli.common import UserError
+from rag_opt.install import install_hint
 
 __all__ = ["register"]
 
@@ -35,7 +36,7 @@ def _serve(args: argparse.Namespace) -> int:
         import starlette  # noqa: F401
         import uvicorn
     except ImportError:
-        raise UserError("rag-opt serve needs the server extra: pip install 'rag-opt[server]'") from None
+        raise UserError(f"rag-opt serve needs the server extra: {install_hint('server')}") from None
     from rag_opt.server.app import create_app
     from rag_opt.server.http import uvicorn_options
     from rag_opt.server.settings import redact_url, settings_from_args

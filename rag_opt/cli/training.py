@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_opt.cli.common import UserError, add_model_args, default_data_dir, nonneg_int
+from rag_opt.install import install_hint
 
 __all__ = ["register"]
 
@@ -161,8 +162,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         plot_profile(profile, plot)
     except ImportError:
         if args.plot:
-            raise UserError("--plot needs matplotlib: pip install 'rag-opt[plot]'") from None
-        print("(pip install 'rag-opt[plot]' to also get a PNG of the profile)")
+            raise UserError(f"--plot needs matplotlib: {install_hint('plot')}") from None
+        print(f"({install_hint('plot')} to also get a PNG of the profile)")
     else:
         print(f"wrote {plot}")
     return 0

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rag_opt.errors import ConfigurationError, InvalidInputError, ModelNotFoundError
+from rag_opt.install import install_hint
 from rag_opt.models.capture import ATTN_IMPLEMENTATION, register_attention
 from rag_opt.models.sources import ModelSource, resolve_source
 from rag_opt.models.threads import ThreadPolicy
@@ -148,7 +149,7 @@ def _quantize_int8(model: Any) -> None:
     try:
         from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
     except ImportError:
-        raise ConfigurationError("dtype 'int8' needs torchao: pip install 'rag-opt[int8]'") from None
+        raise ConfigurationError(f"dtype 'int8' needs torchao: {install_hint('int8')}") from None
     quantize_(model, Int8DynamicActivationInt8WeightConfig())
 
 

@@ -2,7 +2,7 @@
 responses requests and forwards them upstream; ``POST /v1/compress`` optimizes documents for a gateway.
 
 ``rag-opt serve --upstream URL`` runs it; :func:`create_app` builds the ASGI app from :class:`ProxySettings`
-(needs the ``server`` extra: ``pip install 'rag-opt[server]'``). Nothing heavy is imported until used.
+(needs the ``server`` extra: ``pip install -e '.[server]'`` from the checkout). Nothing heavy is imported until used.
 
 Modules: :mod:`.app` (the ASGI app and its lifecycle), :mod:`.flow` (the flow shared by the LLM API routes:
 find the context, optimize it, write it back, forward), :mod:`.chat`, :mod:`.anthropic_messages` and

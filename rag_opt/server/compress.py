@@ -65,6 +65,7 @@ COMPRESS_PATH = "/v1/compress"
 SCHEMA_PATH = "/v1/compress/schema"
 _STRICT = ConfigDict(extra="forbid", strict=True)  # strict: JSON types are not coerced ("0.5", true)
 _DOC_MODEL = "CompressDocument"  # the tag of a document object's errors
+_BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")  # also accepted at the top level of a request
 
 
 class CompressDocument(BaseModel):
@@ -105,9 +106,15 @@ class CompressRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"title": "rag-opt compress request"})
 
-    question: str = Field(min_length=1, description="the question the documents should answer")
+    question: str = Field(
+        min_length=1, description="the question the documents should answer (alias: query, the Python API's name)"
+    )
     documents: list[str | CompressDocument] = Field(min_length=1, description="the retrieved documents, in order")
-    budget: CompressBudget | None = Field(default=None, description="default: the server's budget (--ratio, ...)")
+    budget: CompressBudget | None = Field(
+        default=None,
+        description="default: the server's budget (--ratio, ...; 0.5 unless set). Its fields may also be given at "
+        "the top level (ratio, target_tokens, threshold), as in the Python API",
+    )
     ordering: OrderingName | None = Field(default=None, description="document ordering (default: the server's)")
     target: str | None = Field(
         default=None,
@@ -126,6 +133,28 @@ class CompressRequest(BaseModel):
         description="auto: the proxy model, the lexical tier when it cannot take the request (saturated, loading, "
         "over its time budget); model: the proxy model only; lexical: the lexical tier only (no model, milliseconds)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aliases(cls, data: Any) -> Any:
+        """The Python API's spellings are accepted too (one vocabulary): ``query`` for ``question``, and the
+        budget's fields at the top level (``ratio``, ``target_tokens``, ``threshold``) for ``budget``. Both
+        spellings at once is a 400 naming them."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "query" in data:
+            if "question" in data:
+                raise ValueError("give the question once: as question or as query (its alias), not both")
+            data["question"] = data.pop("query")
+        flat = {k: data.pop(k) for k in _BUDGET_FIELDS if k in data}
+        if flat:
+            if "budget" in data:
+                raise ValueError(
+                    f"give the budget once: as budget={{...}} or as {', '.join(flat)} at the top level, not both"
+                )
+            data["budget"] = flat
+        return data
 
     @field_validator("question")
     @classmethod

@@ -77,7 +77,7 @@ class Outcome:
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         out = [
-            (b"x-ragopt-status", self.status.replace("_", "-").encode()),
+            (b"x-ragopt-status", self.status.encode()),  # spelled as in /v1/compress bodies and metrics
             (b"x-ragopt-tokens-before", str(self.tokens_before).encode()),
             (b"x-ragopt-tokens-after", str(self.tokens_after).encode()),
             (b"x-ragopt-optimizer-ms", f"{self.optimizer_ms:.1f}".encode()),

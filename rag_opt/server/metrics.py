@@ -64,7 +64,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_lates
 ROUTES = ("chat_completions", "messages", "responses", "compress", "passthrough")  # others appear on first use
 # outcomes of a request of an LLM API route (chat completions, messages, responses; also the x-ragopt-status
 # response header); "overloaded" = answered 429
-# "optimized_lexical" = optimized by the lexical tier (x-ragopt-status: optimized-lexical)
+# "optimized_lexical" = optimized by the lexical tier (x-ragopt-status: optimized_lexical, the same spelling)
 OUTCOMES = (
     "optimized",
     "optimized_lexical",

@@ -31,11 +31,10 @@ from rag_opt.errors import ConfigurationError, InvalidInputError
 from rag_opt.models.encoding_cache import DEFAULT_CACHE_BYTES
 from rag_opt.models.prompt import DEFAULT_ENCODING, ENCODINGS, template_for
 from rag_opt.text.language import check_language
-from rag_opt.types import ORDERING_NAMES, Budget, check_ordering
+from rag_opt.types import DEFAULT_RATIO, ORDERING_NAMES, Budget, check_ordering
 from rag_opt.work import WorkLimits
 
 __all__ = [
-    "DEFAULT_RATIO",
     "ENV_PREFIX",
     "MIN_PROXY_KEY_CHARS",
     "SERVICE_LIMITS",
@@ -49,7 +48,6 @@ __all__ = [
 ]
 
 ENV_PREFIX = "RAG_OPT_"
-DEFAULT_RATIO = 0.5
 _BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")
 _SECRETS = ("api_key", "upstream_api_key")
 FD_RESERVE = 64  # file descriptors kept for the listening socket, logs, model files, ...

@@ -5,7 +5,7 @@
 * ``None`` -> ``o200k_base`` (GPT-4o family);
 * a tiktoken encoding name (``"o200k_base"``, ``"cl100k_base"``, ...), used directly;
 * an OpenAI model name (``"gpt-4o"``, ``"gpt-4"``, ...), mapped with ``tiktoken.encoding_name_for_model``;
-  any other name falls back to ``o200k_base``;
+  any other name is an :class:`~rag_opt.errors.InvalidInputError` (never a silent fallback);
 * ``"hf:<repo id or local dir>"``, a Hugging Face tokenizer (``transformers`` is imported lazily).
 
 Counters are cached under a normalised name (:func:`target_key`: a tiktoken target under its encoding, so every
@@ -309,12 +309,19 @@ def known_encoding_name(target: str) -> str | None:
 
 
 def resolve_encoding_name(target: str) -> str:
-    """The tiktoken encoding for an encoding name or an OpenAI model name (unknown names: ``o200k_base``)."""
+    """The tiktoken encoding for an encoding name or an OpenAI model name; raises
+    :class:`~rag_opt.errors.InvalidInputError` for any other name (a mistyped target would otherwise count with
+    another tokenizer, and every budget would be off without a word)."""
     name = known_encoding_name(target)
     if name is None:
+        import tiktoken
+
         shown = target if len(target) <= 80 else f"{target[:80]}... ({len(target)} characters)"
-        logger.debug("no tiktoken encoding known for %r; counting tokens with %s", shown, DEFAULT_ENCODING)
-        return DEFAULT_ENCODING
+        raise InvalidInputError(
+            f"unknown target {shown!r}: not a tiktoken encoding ({', '.join(tiktoken.list_encoding_names())}) nor "
+            "an OpenAI model name tiktoken knows (gpt-4o, gpt-4, ...). Name the target LLM's tokenizer as "
+            "'hf:<Hugging Face repo id or folder>', or use o200k_base to count approximately"
+        )
     return name
 
 
