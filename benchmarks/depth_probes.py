@@ -32,7 +32,8 @@ def main() -> None:
     from rag_opt.orderers.profiles import ProfileStore
     from rag_opt.paths import cache_dir
     from rag_opt.training.datasets import read_hotpotqa
-    from rag_opt.training.doc_probe import nq_records, random_positions, train_doc_probe
+    from rag_opt.training.doc_probe import train_doc_probe
+    from rag_opt.training.nq_contexts import nq_records, random_positions
     from rag_opt.training.sentence_probe import build_training_set, choose_l2, feature_cache_for, fit_probe
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -32,9 +32,8 @@ from rag_opt.training.doc_probe import (
     cross_val_scores,
     grouped_recall,
     nq_cache,
-    nq_records,
-    random_positions,
 )
+from rag_opt.training.nq_contexts import nq_records, random_positions
 from rag_opt.training.sentence_probe import choose_l2
 
 RESULTS = Path(__file__).resolve().parent / "results"

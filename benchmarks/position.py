@@ -42,8 +42,9 @@ from rag_opt.paths import cache_dir
 from rag_opt.text.units import UnitTable
 from rag_opt.training.calibration import estimate_profile, nq_calibration_contexts
 from rag_opt.training.datasets import read_jsonl
-from rag_opt.training.doc_probe import NQInstance, extract_nq, nq_cache, nq_records
+from rag_opt.training.doc_probe import nq_cache
 from rag_opt.training.feature_cache import FeatureCache
+from rag_opt.training.nq_contexts import NQInstance, extract_nq, nq_records
 
 logger = logging.getLogger("bench.position")
 RESULTS = Path(__file__).resolve().parent / "results"

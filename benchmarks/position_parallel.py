@@ -38,7 +38,7 @@ from rag_opt.models.encoding_cache import EncodingCache
 from rag_opt.models.extract import extract_batch
 from rag_opt.models.loader import load_proxy_model
 from rag_opt.text.units import UnitTable
-from rag_opt.training.doc_probe import NQInstance, nq_records
+from rag_opt.training.nq_contexts import NQInstance, nq_records
 
 logger = logging.getLogger("bench.position_parallel")
 RESULTS = Path(__file__).resolve().parent / "results"

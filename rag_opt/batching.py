@@ -13,18 +13,29 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rag_opt.errors import InvalidInputError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rag_opt.pipeline import ContextOptimizer
     from rag_opt.types import DocumentLike, OptimizeResult
 
-__all__ = ["MicroBatcher"]
+__all__ = ["Batchable", "MicroBatcher"]
+
+
+class Batchable(Protocol):
+    """What a :class:`MicroBatcher` drives: :class:`~rag_opt.ContextOptimizer` (this module does not import it, so
+    the pipeline and the batcher do not depend on each other)."""
+
+    @property
+    def optimize(self) -> Callable[..., OptimizeResult]: ...
+
+    @property
+    def optimize_batch(self) -> Callable[..., list[OptimizeResult]]: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +57,7 @@ class MicroBatcher:
         max_batch: the most questions in one batch.
     """
 
-    def __init__(self, optimizer: ContextOptimizer, *, max_wait_ms: float = 5.0, max_batch: int = 16) -> None:
+    def __init__(self, optimizer: Batchable, *, max_wait_ms: float = 5.0, max_batch: int = 16) -> None:
         if max_wait_ms < 0 or max_batch < 1:
             raise InvalidInputError("max_wait_ms must be >= 0 and max_batch >= 1")
         self.optimizer = optimizer

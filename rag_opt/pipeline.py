@@ -56,10 +56,14 @@ class ContextOptimizer:
         model: proxy model (None: the embedded default SmolLM2-135M; a Hugging Face id, local folder or .gguf).
         target: the target LLM whose tokens budgets are measured in (tiktoken model/encoding name, or
             ``hf:<tokenizer>``); default ``o200k_base``. An unknown name is an error (never a silent fallback).
-        ratio / target_tokens / threshold: default compression (at most one); none given: ``ratio=``
+        ratio: the default budget as a fraction of the context's target tokens, in (0, 1]. At most one of
+            ``ratio``, ``target_tokens``, ``threshold`` and ``budget``; none given: ``ratio=``
             :data:`~rag_opt.types.DEFAULT_RATIO` (0.5), the default of every surface; ``ratio=1`` keeps
-            everything. Or ``budget``: the same as a :class:`~rag_opt.types.Budget`. When a result is not
-            compressed (its budget holds the whole context), its ``warnings`` say so.
+            everything. When a result is not compressed (its budget holds the whole context), its ``warnings``
+            say so.
+        target_tokens: the default budget as a number of target tokens.
+        threshold: the default budget as a relevance probability: keep the sentences scoring at least this.
+        budget: the default budget as a :class:`~rag_opt.types.Budget`.
         ordering: ``input`` (keep), ``lost_in_the_middle`` (best at both ends), ``relevance`` (best first),
             ``calibrated`` (best into the slots the proxy attends to most, from its calibration profile) or
             ``attention_sort`` (the proxy's attention sorts the kept documents, 2 rounds: extra forward passes).
@@ -67,8 +71,9 @@ class ContextOptimizer:
         probe: ``"auto"`` (the probe shipped for the model), a path to a probe JSON, or None (raw attention).
         keep_best_per_doc: keep at least the best sentence of every document (while the budget allows).
         keep_first: always keep each document's first sentence (while the budget allows).
-        device / dtype: where and how the proxy runs (default cuda when available; bfloat16 on GPUs and on CPUs
-            with native bf16 instructions, float32 on other CPUs; "int8" with torchao).
+        device: where the proxy runs (default cuda when available).
+        dtype: how the proxy runs (default bfloat16 on GPUs and on CPUs with native bf16 instructions, float32 on
+            other CPUs; "int8" with torchao).
         max_window_tokens: proxy tokens per forward pass; longer contexts are processed in windows (and their
             document relevance is not calibrated).
         trust_remote_code: passed to transformers for hub models (off by default).

@@ -133,7 +133,9 @@ def test_nodes_without_text_pass_through_and_ratio_one_keeps_all() -> None:
         NodeWithScore(node=TextNode(text="Berlin is in Germany.", id_="b"), score=0.2),
     ]
     image = NodeWithScore(node=ImageNode(image="aGVsbG8=", id_="img"), score=0.9)
-    out = RagOptNodePostprocessor(ratio=1.0).postprocess_nodes([text_nodes[0], image, text_nodes[1]], query_str="Capital?")
+    out = RagOptNodePostprocessor(ratio=1.0).postprocess_nodes(
+        [text_nodes[0], image, text_nodes[1]], query_str="Capital?"
+    )
     assert [n.node.node_id for n in out] == ["p", "b", "img"]
     assert [n.node.get_content() for n in out[:2]] == [n.node.get_content() for n in text_nodes]
     assert out[2] is image

@@ -186,7 +186,7 @@ def test_proxy_orderings_need_the_proxy(ordering):
 
 
 def _nq(n: int, split: str = "test"):
-    from rag_opt.training.doc_probe import nq_records
+    from rag_opt.training.nq_contexts import nq_records
     from tests.helpers import data_path
 
     return nq_records(data_path("nq_multidoc", "public.jsonl.gz"), split)[:n]

@@ -7,7 +7,7 @@ import numpy as np
 from rag_opt.compressors.features import FeatureLayout
 from rag_opt.models.extract import AttentionFeatures
 from rag_opt.training.datasets import contains_answer
-from rag_opt.training.doc_probe import nq_records, random_positions
+from rag_opt.training.nq_contexts import nq_records, random_positions
 from rag_opt.training.nq_sentences import build_nq_training_set, nq_unit_labels
 from tests.helpers import data_path
 

@@ -15,7 +15,7 @@ import numpy as np
 from rag_opt.compressors.features import FeatureLayout
 from rag_opt.errors import InvalidInputError
 from rag_opt.models.extract import AttentionFeatures
-from rag_opt.training.doc_probe import NQInstance
+from rag_opt.training.nq_contexts import NQInstance
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.text.units import UnitTable

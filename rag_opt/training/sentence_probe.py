@@ -302,7 +302,7 @@ def train_probe_cli(
     if nq_limit:
         if nq_data is None:
             raise InvalidInputError("NQ training contexts need the NQ multi-document data (nq_data)")
-        from rag_opt.training.doc_probe import extract_nq, nq_records, random_positions
+        from rag_opt.training.nq_contexts import extract_nq, nq_records, random_positions
         from rag_opt.training.nq_sentences import build_nq_training_set
 
         instances = random_positions(nq_records(nq_data, "train")[:nq_limit], 10, seed=seed)
