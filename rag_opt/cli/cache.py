@@ -72,7 +72,7 @@ def _add(found: DiskCache, path: Path, *, in_shard: bool) -> None:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("cache", help="the encoding cache's disk folder: stats, clear")
+    p = sub.add_parser("cache", help="the encoding cache's disk folder (stats, clear) and the model cache (models)")
     inner = p.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
     stats = inner.add_parser("stats", help="encodings and bytes in a cache folder")
     stats.add_argument("--cache-dir", required=True, help="the encoding cache's disk folder")
@@ -81,6 +81,34 @@ def register(sub: Any) -> None:
     clear = inner.add_parser("clear", help="remove every encoding from a cache folder (not the folder itself)")
     clear.add_argument("--cache-dir", required=True, help="the encoding cache's disk folder")
     clear.set_defaults(handler=_clear)
+    models = inner.add_parser(
+        "models", help="the converted proxy models (<rag-opt cache>/models): list them, --clean the superseded ones"
+    )
+    models.add_argument("--clean", action="store_true", help="remove the folders that newer installs replaced")
+    models.add_argument("--json", action="store_true", help="print the list as JSON")
+    models.set_defaults(handler=_models)
+
+
+def _models(args: argparse.Namespace) -> int:
+    from rag_opt.models.model_cache import model_cache_entries, remove_superseded
+
+    if args.clean:
+        removed = remove_superseded()
+        freed = sum(e.bytes for e in removed)
+        print(f"removed {len(removed)} superseded model folders, {freed / 2**20:.0f} MiB")
+        return 0
+    entries = model_cache_entries()
+    if args.json:
+        rows = [{"folder": str(e.folder), "bytes": e.bytes, "state": e.state, "model": e.model} for e in entries]
+        print(json.dumps(rows))
+        return 0
+    for e in entries:
+        print(f"{e.state:<10} {e.bytes / 2**20:8.0f} MiB  {e.folder}")
+    stale = [e for e in entries if e.state == "superseded"]
+    total = sum(e.bytes for e in entries)
+    hint = f"; {len(stale)} superseded ({sum(e.bytes for e in stale) / 2**20:.0f} MiB): rag-opt cache models --clean"
+    print(f"{len(entries)} folders, {total / 2**20:.0f} MiB" + (hint if stale else ""))
+    return 0
 
 
 def _stats(args: argparse.Namespace) -> int:
