@@ -6,7 +6,7 @@ document sits (recency), not whether it answers the question. rag-opt therefore
 1. subtracts, per layer, head and slot, the attention share a non-relevant document receives in that slot
    (the calibration profile, :mod:`rag_opt.orderers.profiles`: "found in the middle" applied per head; in log space,
    i.e. the log ratio of the two shares, which measured more accurate and more even across slots than the plain
-   difference — ``benchmarks/doc_probe_ablation.py``), and
+   difference — ``benchmarks/ablations/doc_probe_ablation.py``), and
 2. feeds those calibrated per-head features (final-token and question-token views; lexical features are an
    option, ``doc_lexical``) to a logistic-regression *document probe* trained on NQ questions set aside for
    training (``rag-opt train-doc-probe``).
@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.orderers.profiles import PositionProfile
 
 # position-calibrated attention (the log ratio: the best Recall@3 and the most even across gold positions in
-# 5-fold cross-validation on the NQ train split, benchmarks/doc_probe_ablation.py), plus — for the first slots,
+# 5-fold cross-validation on the NQ train split, benchmarks/ablations/doc_probe_ablation.py), plus — for the first slots,
 # where the attention share says least — BM25 and its rank, the slot, and the sentence probe's best sentence, also
 # as interactions with the first slot and with earliness. Chosen on benchmarks/position.py: at 20 documents the
 # gold passage in slot 1 went from Recall@3 0.50 to 0.73 (BM25 0.70), the other slots unchanged or better.

@@ -1,7 +1,7 @@
 """The target-tokenizer cache under names a client chooses (issue 21, defects 3 and 4).
 
-    python benchmarks/tokenizer_cache.py                  # → benchmarks/results/tokenizer_cache.json (~1 minute)
-    python benchmarks/tokenizer_cache.py --report-only    # show the saved results
+    python benchmarks/ablations/tokenizer_cache.py  # → benchmarks/results/tokenizer_cache.json (~1 minute)
+    python benchmarks/ablations/tokenizer_cache.py --report-only    # show the saved results
 
 In one process, side by side:
 
@@ -22,17 +22,19 @@ import argparse
 import functools
 import gc
 import shutil
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import run_or_report
 
 from rag_opt.text import tokens
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
 

@@ -1,10 +1,10 @@
 """Which proxy model? Probe quality and latency of the embedded SmolLM2-135M vs the 0.5B Qwen2.5 architecture.
 
 Quality: a probe per model trained on the same HotpotQA-train questions and measured on the same dev questions
-(from each model's feature cache, see benchmarks/probe_ablation.py). Latency: median time of the attention
+(from each model's feature cache, see benchmarks/ablations/probe_ablation.py). Latency: median time of the attention
 forward pass (`rag_opt.models.extract.extract`) on the same dev prompts, both models measured in this run.
 
-    python benchmarks/proxy_models.py --cache CACHE --train-limit 150 --dev-limit 100 --latency 10
+    python benchmarks/ablations/proxy_models.py --cache CACHE --train-limit 150 --dev-limit 100 --latency 10
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import data_dir
 
 from rag_opt.compressors.features import BASE_BLOCKS, FeatureLayout, build_features

@@ -7,7 +7,7 @@ first ``--hotpot`` questions of the seeded shuffle, as ``compression.py``): sent
 through the same pipeline, and the optimize time of one and two readings, interleaved question by question (the
 order alternates), so the ratio of medians is measured under the same load.
 
-    OMP_NUM_THREADS=1 python benchmarks/two_readings.py --hotpot 100      # → benchmarks/results/two_readings.json
+    OMP_NUM_THREADS=1 python benchmarks/ablations/two_readings.py --hotpot 100  # → benchmarks/results/two_readings.json
 """
 
 from __future__ import annotations
@@ -16,17 +16,19 @@ import argparse
 import json
 import logging
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import data_dir
 from compression import MemoScorer, hotpot_metrics, summarize
 
 from rag_opt.pipeline import ContextOptimizer
 from rag_opt.training.datasets import read_hotpotqa
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 RATIOS = (1 / 3, 1 / 5)
 
 

@@ -15,13 +15,13 @@ token, relative to uniform):
 Variants of the first stage (shipped blocks; + max; + cross; + both) are trained on the first ``--train``
 questions of HotpotQA train (seeded shuffle) and measured on dev questions ``--select`` (default 200:400, not
 the headline benchmark's 0:200), each without and with the shipped second stage (own + named_by_other), at a
-budget of 1/3 in o200k tokens in HotpotQA's own sentences (``benchmarks/probe_ablation.py``'s evaluation).
+budget of 1/3 in o200k tokens in HotpotQA's own sentences (``benchmarks/ablations/probe_ablation.py``'s evaluation).
 
 The extra rows are computed inside the fast attention path (rag-opt's capture hook), never with
 ``output_attentions=True``. Per-question results are cached (``--cache``, default
 ``~/.cache/rag-opt/experiments/pooling``), so the script resumes.
 
-    python benchmarks/pooling_ablation.py [--train 600] [--select 200:400]   # → results/pooling_ablation.json
+    python benchmarks/ablations/pooling_ablation.py [--train 600] [--select 200:400]   # → results/pooling_ablation.json
 """
 
 from __future__ import annotations
@@ -29,11 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import data_dir
 from probe_ablation import evaluate
 
@@ -47,7 +50,7 @@ from rag_opt.training.logistic import cross_val_scores, train_logistic
 from rag_opt.training.sentence_probe import choose_l2, fit_context_stage, unit_labels
 from rag_opt.training.units import hotpot_units
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 logger = logging.getLogger("pooling_ablation")
 EPS = 1e-3
 

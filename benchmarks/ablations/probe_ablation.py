@@ -6,7 +6,7 @@ Runs on the feature cache only (no forward pass): first fill it, e.g.
     python -c "from rag_opt.training.sentence_probe import extract_hotpot as e; \
         e('../shared/data/hotpotqa/dev.jsonl.gz', C, limit=300)"
 
-then  python benchmarks/probe_ablation.py --cache CACHE [--train-limit N] [--ratio 0.333]
+then  python benchmarks/ablations/probe_ablation.py --cache CACHE [--train-limit N] [--ratio 0.333]
 
 Measured in the units the features were extracted on (title line + HotpotQA's own sentences), with the same
 selection rule as the library (budget in o200k tokens, titles counted when their document is kept).
@@ -17,10 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import data_dir
 
 from rag_opt.compressors.features import ALL_BLOCKS, BASE_BLOCKS, CROSS_BLOCKS, FeatureLayout, build_features

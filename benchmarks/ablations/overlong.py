@@ -1,6 +1,6 @@
 """Overlong units: what one unpunctuated "sentence" costs next to the same words in ordinary sentences.
 
-    python benchmarks/overlong.py --words 8000          # → benchmarks/results/overlong.json
+    python benchmarks/ablations/overlong.py --words 8000          # → benchmarks/results/overlong.json
 
 Two arms, interleaved, on the embedded proxy model (joint encoding, the default), one document each:
 
@@ -23,15 +23,17 @@ import json
 import logging
 import re
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import data_dir, run_or_report
 
 from rag_opt.pipeline import ContextOptimizer
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 logger = logging.getLogger("bench.overlong")
 QUESTION = "Which city was the band formed in?"
 

@@ -5,7 +5,7 @@ the features of layers >= K are simply not read. Writes ``sentence-L{K}.json`` a
 ``--out`` for ``benchmarks/latency.py --probe-dir`` (which measures their dev quality and speed), and prints the
 5-fold cross-validated document Recall@3 of each depth on the training questions.
 
-    python benchmarks/depth_probes.py --layers 30,24,20,16,12 --hotpot-cache train-bf16 \\
+    python benchmarks/ablations/depth_probes.py --layers 30,24,20,16,12 --hotpot-cache train-bf16 \\
         --nq-cache nq-train-n20-bf16 --precision bfloat16 --out /tmp/depth-probes
 
 The caches are those of ``rag-opt train-probe`` / ``train-doc-probe``
@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Stalls: how responsive the proxy stays while an adversarial request is in flight (issue 21, defects 2, 5, 7-10).
 
-    python benchmarks/stalls.py                  # → benchmarks/results/stalls.json (a few minutes)
-    python benchmarks/stalls.py --report-only    # show the saved results
+    python benchmarks/ablations/stalls.py                  # → benchmarks/results/stalls.json (a few minutes)
+    python benchmarks/ablations/stalls.py --report-only    # show the saved results
 
 Starts its own servers on 127.0.0.1, as ``benchmarks/load.py`` does: the deterministic upstream (a subprocess)
 and the real proxy (``rag-opt serve`` in a subprocess, the embedded proxy model loaded at start-up, default
@@ -40,10 +40,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import run_or_report
 from load import free_port, peak_rss_mb, wait_http
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 EXAMPLES = ROOT / "examples"
 logger = logging.getLogger("bench.stalls")

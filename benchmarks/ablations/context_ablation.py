@@ -5,13 +5,13 @@ Runs on cached attention features only (no forward pass). The first stage (the s
 (:func:`rag_opt.training.sentence_probe.fit_context_stage`). Each variant is measured on HotpotQA dev questions
 ``--select`` (default 200:400 of the seeded shuffle — *not* the 200 the headline benchmark
 ``benchmarks/compression.py`` reports), with the library's selection at a budget of 1/3 in o200k tokens (titles
-counted), in HotpotQA's own sentences (see ``benchmarks/probe_ablation.py``).
+counted), in HotpotQA's own sentences (see ``benchmarks/ablations/probe_ablation.py``).
 
 Fill the caches first (bf16, 16 layers), e.g. ``rag-opt train-probe --dtype bfloat16 --layers 16 ...`` for train and
 ``python -c "from rag_opt.training.sentence_probe import extract_hotpot as e; e('../shared/data/hotpotqa/dev.jsonl.gz',
 C, dtype='bfloat16', layers=16, limit=400)"`` for dev; then
 
-    python benchmarks/context_ablation.py [--train-limit N]   # → benchmarks/results/context_ablation.json
+    python benchmarks/ablations/context_ablation.py [--train-limit N]   # → benchmarks/results/context_ablation.json
 """
 
 from __future__ import annotations
@@ -19,9 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import data_dir
 from probe_ablation import evaluate
 
@@ -39,7 +42,7 @@ from rag_opt.training.sentence_probe import (
     fit_probe,
 )
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 logger = logging.getLogger("context_ablation")
 
 

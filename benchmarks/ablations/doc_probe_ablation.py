@@ -6,7 +6,8 @@ gold Recall@1 / Recall@3 overall and Recall@3 by gold-position third (first / mi
 and raw attention (mean over heads) on the same instances. Features come from the cache that
 ``rag-opt train-doc-probe`` fills (run it first); profiles from the calibration store.
 
-    python benchmarks/doc_probe_ablation.py --n-docs 20 --limit 250     # → benchmarks/results/doc_probe_ablation.json
+    python benchmarks/ablations/doc_probe_ablation.py --n-docs 20 --limit 250
+    # → benchmarks/results/doc_probe_ablation.json
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import data_dir
 
 from rag_opt.compressors.features import FeatureLayout
@@ -36,7 +39,7 @@ from rag_opt.training.doc_probe import (
 from rag_opt.training.nq_contexts import nq_records, random_positions
 from rag_opt.training.sentence_probe import choose_l2
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 FEATURE_SETS = {
     "calibrated last": ("doc_cal_last",),
     "calibrated question": ("doc_cal_question",),
