@@ -192,7 +192,8 @@ class Contexts:
         from rag_opt.text.tokens import get_token_counter
 
         self.count = get_token_counter("o200k_base").count
-        self.passthrough = ContextOptimizer(scorer=BM25Scorer(), threads=threads)  # no budget: nothing scored
+        # ratio 1: nothing scored, nothing dropped (the library's default budget is DEFAULT_RATIO)
+        self.passthrough = ContextOptimizer(scorer=BM25Scorer(), threads=threads, ratio=1.0)
         self.optimizers = {"bm25": ContextOptimizer(scorer=BM25Scorer(), threads=threads)}
         if any(c.kind == "rag-opt" for c in conditions):
             self.optimizers["rag-opt"] = ContextOptimizer(threads=threads)  # the library defaults
