@@ -136,3 +136,22 @@ def test_mcp_limits_are_the_servers_settings(capsys):
     assert (limits.max_documents, limits.time_budget_ms) == (5, 500.0)  # only the limits' variables are read
     with pytest.raises(ValueError, match="max_question_tokens"):
         ServiceLimits.from_sources({}, {"RAG_OPT_MAX_QUESTION_TOKENS": "0"})
+
+
+def test_batch_rows_take_query_as_the_alias_of_question(tmp_path):
+    """One vocabulary: a batch row may name its question 'query', as the Python API does; both at once is an
+    error of that row only."""
+    from rag_opt.batch.job import jsonl_columns
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(
+        json.dumps({"id": "a", "question": "Who?", "documents": ["x."]})
+        + "\n"
+        + json.dumps({"id": "b", "query": "Where?", "documents": ["y."]})
+        + "\n"
+        + json.dumps({"id": "c", "query": "When?", "question": "When?", "documents": ["z."]})
+        + "\n"
+    )
+    cols = jsonl_columns(rows)
+    assert cols["question"][:2] == ["Who?", "Where?"] and cols["error"][:2] == [None, None]
+    assert "as 'question' or as 'query'" in cols["error"][2]

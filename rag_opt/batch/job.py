@@ -127,6 +127,10 @@ def jsonl_columns(path: str | Path) -> dict[str, list[Any]]:
             cols["row"].append(len(cols["row"]))
             cols["id"].append(_id_text(rec.get("id")) if rec else None)
             question = rec.get("question") if rec else None
+            if rec and question is None and "query" in rec:  # the Python API's name: a documented alias
+                question = rec["query"]
+            if error is None and rec and "question" in rec and "query" in rec:
+                error = f"line {line_no}: give the question once, as 'question' or as 'query' (its alias), not both"
             docs = rec.get("documents") if rec else None
             if error is None and not isinstance(question, str):
                 error = f"line {line_no}: " + (
@@ -170,6 +174,8 @@ def _read_parquet(path: Path) -> pa.Table:
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
+    if "question" not in table.column_names and "query" in table.column_names:  # the Python API's name: an alias
+        table = table.rename_columns(["question" if c == "query" else c for c in table.column_names])
     missing = [c for c in ("question", "documents") if c not in table.column_names]
     if missing:
         raise InvalidInputError(f"{path} has no column(s) {missing}; it needs 'question' and 'documents'")
