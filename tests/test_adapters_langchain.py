@@ -384,3 +384,33 @@ def test_real_model_compressor_and_runnable_agree_sync_async_batch(
     assert all(i["scorer"] in ("probe", "raw-attention") and i["score"] is not None for i in info)
     assert all(u["score"] is not None for i in info for u in i["units"] if u["kind"] != "heading")
     assert sum(i["tokens_after"] for i in info) < sum(opt.counter.count(d.page_content) for d in docs)
+
+
+def test_unknown_options_are_refused_naming_the_closest(bm25_opt) -> None:
+    with pytest.raises(ValidationError, match=r"unknown option\(s\) 'rati' \(did you mean 'ratio'\?\)"):
+        RagOptCompressor(rati=0.5)
+    with pytest.raises(ValidationError, match="either optimizer= or ContextOptimizer options"):
+        RagOptRunnable(optimizer=bm25_opt, keep_best_per_doc=True)
+    # every ContextOptimizer option builds the optimizer; a Budget is spread into the per-call fields
+    from rag_opt import Budget
+
+    c = RagOptCompressor(ratio=0.5, keep_best_per_doc=True, tier="lexical", language="de")
+    assert c.optimizer.selection_options.keep_best_per_doc and c.optimizer.tier == "lexical"
+    assert c.optimizer.language == "de"
+    r = RagOptRunnable(budget=Budget(target_tokens=120), tier="lexical")
+    assert (r.target_tokens, r.ratio) == (120, None)
+    with pytest.raises(ValidationError, match="either as budget= or as ratio"):
+        RagOptRunnable(budget=Budget(ratio=0.5), ratio=0.3)
+
+
+def test_importing_without_langchain_core_names_what_to_install() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['langchain_core'] = None\n"
+        "try:\n    import rag_opt.adapters.langchain\nexcept ImportError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "rag_opt.adapters.langchain needs langchain-core: pip install" in out.stdout and "[langchain]" in out.stdout
+    assert "Traceback" not in out.stderr

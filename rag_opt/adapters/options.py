@@ -16,7 +16,8 @@ from typing import Any
 
 __all__ = ["optimizer_options", "split_options"]
 
-# per-call settings every adapter has as fields of its own (they are also ContextOptimizer options)
+# per-call settings every adapter has as fields of its own (they are also ContextOptimizer options); ``budget``
+# (a rag_opt.Budget) is taken too and spread into those fields
 _PER_CALL = ("ratio", "target_tokens", "threshold", "budget", "ordering")
 
 
@@ -35,6 +36,15 @@ def split_options(data: Any, fields: Iterable[str], adapter: str) -> Any:
     together with ``optimizer``."""
     if not isinstance(data, dict):
         return data
+    if data.get("budget") is not None and "budget" not in set(fields):  # a Budget, as optimize() takes it
+        budget = data["budget"]
+        limits = {k: getattr(budget, k, None) for k in ("ratio", "target_tokens", "threshold")}
+        if any(data.get(k) is not None for k in limits):
+            raise ValueError(f"{adapter}: give the budget either as budget= or as ratio/target_tokens/threshold")
+        data = {
+            **{k: v for k, v in data.items() if k != "budget"},
+            **{k: v for k, v in limits.items() if v is not None},
+        }
     known = set(fields)
     options = optimizer_options()
     unknown = [k for k in data if k not in known and k not in options]
