@@ -71,6 +71,8 @@ class ContextOptimizer:
         probe: ``"auto"`` (the probe shipped for the model), a path to a probe JSON, or None (raw attention).
         keep_best_per_doc: keep at least the best sentence of every document (while the budget allows).
         keep_first: always keep each document's first sentence (while the budget allows).
+        keep_antecedents: keep an English sentence that opens with a back-reference (``It``, ``She``, ``These``,
+            ...) only together with the sentence before it, so no kept sentence dangles (default on).
         device: where the proxy runs (default cuda when available).
         dtype: how the proxy runs (default bfloat16 on GPUs and on CPUs with native bf16 instructions, float32 on
             other CPUs; "int8" with torchao).
@@ -113,6 +115,7 @@ class ContextOptimizer:
         probe: str | None = "auto",
         keep_best_per_doc: bool = False,
         keep_first: bool = False,
+        keep_antecedents: bool = True,
         device: str | None = None,
         dtype: str | None = None,
         max_window_tokens: int = 8192,
@@ -135,7 +138,9 @@ class ContextOptimizer:
             target_key(target)  # refuses an unknown target now (loads nothing)
         self.target = target
         self.probe = probe
-        self.selection_options = SelectionOptions(keep_best_per_doc=keep_best_per_doc, keep_first=keep_first)
+        self.selection_options = SelectionOptions(
+            keep_best_per_doc=keep_best_per_doc, keep_first=keep_first, keep_antecedents=keep_antecedents
+        )
         self.device = device
         self.dtype = dtype
         self.max_window_tokens = max_window_tokens

@@ -54,21 +54,24 @@ def test_the_rendered_kept_text_never_exceeds_the_budget_and_fills_it(ratio: flo
 @pytest.mark.parametrize("ratio", [0.2, 1 / 3])
 def test_the_fill_pass_leaves_no_unit_that_would_still_fit_once_rendered(ratio: float) -> None:
     # unit counts overestimate (a trailing space merges into the next word), so the rendered text ends under the
-    # budget; every unit whose counted cost fits the slack (one token of allowance) must have been tried
+    # budget; every unit whose counted cost (with what it needs kept with it: title, heading, antecedent) fits the
+    # slack (one token of allowance) must have been tried
+    from rag_opt.compressors.selection import _header_needs
+
     for _, units, scores in _real(6):
         limit = int(ratio * units.tokens_before)
         sel = select(units, scores, COUNT, limit=limit)
         total = int(sel.tokens_after.sum())
         assert total <= limit
+        needs = _header_needs(units)
         for r in np.flatnonzero(units.candidate & ~sel.keep):
             d = int(units.doc[r])
-            title = [t for t in units.rows(d) if units.kind[t] == "title"]
-            cost = int(units.tokens[r]) + sum(int(units.tokens[t]) for t in title if not sel.keep[t])
+            cost = int(units.tokens[r]) + sum(int(units.tokens[t]) for t in needs[r] if not sel.keep[t])
             if cost - 1 > limit - total:
                 continue
             trial = sel.keep.copy()
             trial[r] = True
-            trial[title] = True
+            trial[list(needs[r])] = True
             rendered = (int(units.title_tokens[d]) if units.titles[d] else 0) + COUNT(units.render(d, trial))
             assert total - int(sel.tokens_after[d]) + rendered > limit, (r, units.texts[r])
 
@@ -168,3 +171,34 @@ def test_structured_rows_are_kept_with_their_brackets_and_header() -> None:
     sel = select(units, scores, COUNT, limit=int(units.tokens[rows[0][17]] + units.tokens[rows[1][17]]) + 12)
     assert json.loads(sel.texts[0]) == [records[17]]
     assert sel.texts[1] == "id,name,price\n17,item 17,25.5\n"
+
+
+def test_a_back_reference_is_kept_only_with_its_antecedent() -> None:
+    """'It has many museums.' never dangles without 'Berlin is the capital of Germany.' (English), unless asked."""
+    from rag_opt.compressors.selection import SelectionOptions, select
+    from rag_opt.text.tokens import get_token_counter
+    from rag_opt.text.units import UnitTable
+    from rag_opt.types import to_documents
+
+    count = get_token_counter().count
+    docs = to_documents(["Berlin is the capital of Germany. It has many museums.", "Paris is in France."])
+    units = UnitTable.build(docs, count)
+    rows = {units.texts[r].strip(): r for r in range(units.n_units)}
+    scores = np.zeros(units.n_units)
+    scores[rows["It has many museums."]] = 5.0  # the best sentence opens with a back-reference
+    scores[rows["Paris is in France."]] = 1.0
+    room = int(units.tokens[rows["It has many museums."]]) + 1  # room for it alone, not with its antecedent
+    on = select(units, scores, count, limit=room + int(units.tokens[rows["Paris is in France."]]))
+    kept = {units.texts[r].strip() for r in np.flatnonzero(on.keep)}
+    assert "It has many museums." not in kept or "Berlin is the capital of Germany." in kept
+    off = select(units, scores, count, limit=room, options=SelectionOptions(keep_antecedents=False))
+    assert "It has many museums." in {units.texts[r].strip() for r in np.flatnonzero(off.keep)}
+    # with room for both, both are kept, in order
+    both = select(units, scores, count, limit=int(units.tokens.sum()) - 1)
+    kept = [units.texts[r].strip() for r in np.flatnonzero(both.keep)]
+    assert kept.index("Berlin is the capital of Germany.") < kept.index("It has many museums.")
+    # the rule is English's: German units get no antecedent needs
+    from rag_opt.compressors.selection import _header_needs
+
+    de = UnitTable.build(to_documents(["Berlin ist die Hauptstadt. Es hat viele Museen. It ist ein Wort."]), count, "de")
+    assert all(len(n) == 0 for r, n in enumerate(_header_needs(de)) if de.kind[r] == "sentence")

@@ -26,6 +26,12 @@ def register(sub: Any) -> None:
     p.add_argument("--keep-best-per-doc", action="store_true", help="keep at least the best sentence of each document")
     p.add_argument("--keep-first", action="store_true", help="always keep each document's first sentence")
     p.add_argument(
+        "--no-antecedents",
+        dest="keep_antecedents",
+        action="store_false",
+        help="keep a sentence opening with It/She/These/... without the sentence before it (default: only with it)",
+    )
+    p.add_argument(
         "--no-calibrate",
         dest="calibrate",
         action="store_false",
