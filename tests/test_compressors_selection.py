@@ -200,5 +200,6 @@ def test_a_back_reference_is_kept_only_with_its_antecedent() -> None:
     # the rule is English's: German units get no antecedent needs
     from rag_opt.compressors.selection import _header_needs
 
-    de = UnitTable.build(to_documents(["Berlin ist die Hauptstadt. Es hat viele Museen. It ist ein Wort."]), count, "de")
+    german = to_documents(["Berlin ist die Hauptstadt. Es hat viele Museen. It ist ein Wort."])
+    de = UnitTable.build(german, count, "de")
     assert all(len(n) == 0 for r, n in enumerate(_header_needs(de)) if de.kind[r] == "sentence")
