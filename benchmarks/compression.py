@@ -31,6 +31,7 @@ import numpy as np
 from common import data_dir
 
 from rag_opt.compressors.base import Scores
+from rag_opt.compressors.lexical_scorer import LexicalScorer
 from rag_opt.pipeline import ContextOptimizer
 from rag_opt.text.units import UnitTable
 from rag_opt.training.datasets import contains_answer, iter_squad, read_hotpotqa
@@ -182,6 +183,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     methods: dict[str, MemoScorer] = {
         "rag-opt probe" if sentinel.probe is not None else "rag-opt (no probe: raw attention)": probe_memo,
         "raw attention (mean over heads)": MemoScorer(probe_memo, raw_attention),
+        "rag-opt lexical tier (no model)": MemoScorer(LexicalScorer()),
         "BM25 (title. sentence)": MemoScorer(BM25Scorer()),
         "embeddings (MiniLM)": MemoScorer(EmbeddingScorer()),
         "lead": MemoScorer(LeadScorer()),
@@ -194,7 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "encoding": args.encoding,
         "probe": str(args.probe),
     }
-    if args.only_probe:  # the probe and BM25 only (comparing probes or encodings)
+    if args.only_probe:  # the probe, the lexical tier and BM25 only (comparing probes or encodings)
         methods = {k: v for k, v in methods.items() if k.startswith(("rag-opt", "BM25"))}
     table: dict[str, dict[str, Any]] = {}
     latency: dict[str, list[float]] = {"rag-opt": [], "bare forward": []}
