@@ -203,3 +203,26 @@ def test_a_back_reference_is_kept_only_with_its_antecedent() -> None:
     german = to_documents(["Berlin ist die Hauptstadt. Es hat viele Museen. It ist ein Wort."])
     de = UnitTable.build(german, count, "de")
     assert all(len(n) == 0 for r, n in enumerate(_header_needs(de)) if de.kind[r] == "sentence")
+
+
+def test_keep_best_per_doc_outranks_the_antecedent_rule() -> None:
+    """Asked to keep every document, a document whose only unit that fits opens with a back-reference keeps it
+    without its antecedent (the budget has no room for both)."""
+    from rag_opt.compressors.selection import SelectionOptions, select
+    from rag_opt.text.tokens import get_token_counter
+    from rag_opt.text.units import UnitTable
+    from rag_opt.types import to_documents
+
+    count = get_token_counter().count
+    long_first = "The mosque was built over seven years by hundreds of craftsmen from every corner of the empire."
+    docs = to_documents(["Paris is the capital of France.", f"{long_first} It has six minarets."])
+    units = UnitTable.build(docs, count)
+    rows = {units.texts[r].strip(): r for r in range(units.n_units)}
+    scores = np.zeros(units.n_units)
+    scores[rows["Paris is the capital of France."]] = 2.0
+    scores[rows["It has six minarets."]] = 1.0
+    limit = int(units.tokens[rows["Paris is the capital of France."]] + units.tokens[rows["It has six minarets."]]) + 1
+    plain = select(units, scores, count, limit=limit)
+    assert not plain.keep[rows["It has six minarets."]]  # the rule: not without its antecedent, which does not fit
+    every = select(units, scores, count, limit=limit, options=SelectionOptions(keep_best_per_doc=True))
+    assert every.keep[rows["It has six minarets."]] and every.doc_kept.all()

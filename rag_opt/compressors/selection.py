@@ -38,7 +38,7 @@ __all__ = ["Selection", "SelectionOptions", "select"]
 class SelectionOptions:
     """Per-document guarantees, honoured while the budget allows."""
 
-    keep_best_per_doc: bool = False  # first keep each document's best unit
+    keep_best_per_doc: bool = False  # first keep each document's best unit (or its best that fits)
     # an English sentence that opens with a back-reference ("It has many museums.") is kept only with the sentence
     # before it: measured neutral on 300 HotpotQA dev questions (model tier, 1/3: recall +0.002 [-0.005, +0.009],
     # answer kept -0.007 [-0.017, +0.000]; 1/5: -0.003 / +0.000; lexical tier within +-0.01), and no kept sentence
@@ -239,12 +239,13 @@ def _greedy(
     kept = np.zeros(units.n_units, dtype=bool)
     used = 0
 
-    def take(i: int, force: bool = False) -> None:
+    def take(i: int, force: bool = False, with_needs: tuple[int, ...] | None = None) -> None:
         nonlocal used
-        cost = int(units.tokens[i]) + sum(int(units.tokens[h]) for h in needs[i] if not kept[h])
+        required = needs[i] if with_needs is None else with_needs
+        cost = int(units.tokens[i]) + sum(int(units.tokens[h]) for h in required if not kept[h])
         if limit is not None and used + cost > limit and not force:
             return
-        for h in needs[i]:
+        for h in required:
             kept[h] = True
         kept[i] = True
         used += cost
@@ -258,13 +259,26 @@ def _greedy(
             if first is not None and not kept[first]:
                 take(first)
     if options.keep_best_per_doc:
-        seen: set[int] = set()
+        # each document's best unit that fits (its best when it fits: a unit kept with what it needs — a title,
+        # an antecedent — may not), documents in the order of their best score
+        done: set[int] = set()
         for i in order:
             d = int(units.doc[i])
-            if d not in seen:
-                seen.add(d)
-                if not kept[i]:
-                    take(i)
+            if d in done:
+                continue
+            if not kept[i]:
+                take(i)
+            if kept[i]:
+                done.add(d)
+        # a document none of whose units fits with its antecedent keeps its best unit that fits without it: the
+        # caller asked for every document (the antecedent rule yields to that)
+        bare = _header_needs(units, antecedents=False)
+        for i in order:
+            d = int(units.doc[i])
+            if d not in done and not kept[i]:
+                take(i, with_needs=bare[i])
+                if kept[i]:
+                    done.add(d)
     for i in order:
         if kept[i]:
             continue
