@@ -43,6 +43,7 @@ class Config:
     doc_probe: str = "auto"
     tier: str = "model"
     batch: int = 1  # >1: questions go through optimize_batch in groups of this size
+    encoding: str | None = None  # how the proxy reads the context (None: the library's default, parallel)
 
 
 def default_configs(probe_dir: str | None) -> list[Config]:
@@ -50,6 +51,7 @@ def default_configs(probe_dir: str | None) -> list[Config]:
         Config("fp32-t1"),
         Config("fp32-t2", threads="2"),
         Config("bf16-t1", dtype="bfloat16"),
+        Config("bf16-joint-t1", dtype="bfloat16", encoding="joint"),  # the previous default's reading
         Config("bf16-t2", dtype="bfloat16", threads="2"),
         Config("bf16-auto", dtype="bfloat16", threads="auto"),
         Config("bf16-adaptive", dtype="bfloat16", threads="adaptive"),
@@ -78,6 +80,7 @@ def _worker(cfg: Config, conn: Any) -> None:
         doc_probe=None if cfg.doc_probe == "none" else cfg.doc_probe,
         tier=cfg.tier,
         threads=threads,
+        **({"encoding": cfg.encoding} if cfg.encoding else {}),
     )
     if cfg.tier == "model":
         opt.scorer()  # load before timing
