@@ -50,8 +50,11 @@ def _mcp(args: argparse.Namespace) -> int:
     except ImportError:
         raise UserError(f"rag-opt mcp needs the mcp extra (mcp 2): {install_hint('mcp')}") from None
     from rag_opt.mcp_server import serve_stdio
+    from rag_opt.native_memory import tune_native_memory
     from rag_opt.pipeline import ContextOptimizer
     from rag_opt.server.settings import SERVICE_LIMITS, ServiceLimits
+
+    tune_native_memory()  # a long-running process: keep native memory flat (before the model loads)
 
     limits = ServiceLimits.from_sources({name: getattr(args, name, None) for name in SERVICE_LIMITS})
     optimizer = ContextOptimizer(**optimizer_kwargs(args), budget=budget_from_args(args))

@@ -37,8 +37,11 @@ def _serve(args: argparse.Namespace) -> int:
         import uvicorn
     except ImportError:
         raise UserError(f"rag-opt serve needs the server extra: {install_hint('server')}") from None
+    from rag_opt.native_memory import tune_native_memory
     from rag_opt.server.app import create_app
     from rag_opt.server.http import uvicorn_options
+
+    tune_native_memory()  # a long-running process: keep native memory flat (before the model loads)
     from rag_opt.server.settings import redact_url, settings_from_args
 
     settings = settings_from_args(args)
