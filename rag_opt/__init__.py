@@ -51,8 +51,9 @@ if TYPE_CHECKING:  # pragma: no cover
         ProfileMismatchError,
         RagOptError,
     )
+    from rag_opt.one_call import optimize
     from rag_opt.orderers.base import Orderer
-    from rag_opt.pipeline import ContextOptimizer, optimize
+    from rag_opt.pipeline import ContextOptimizer
     from rag_opt.types import (
         DEFAULT_RATIO,
         ORDERING_NAMES,
@@ -84,7 +85,7 @@ __getattr__, __dir__ = lazy_module(
     __name__,
     {
         "ContextOptimizer": "rag_opt.pipeline",
-        "optimize": "rag_opt.pipeline",
+        "optimize": "rag_opt.one_call",
         "Scorer": "rag_opt.compressors.base",
         "Orderer": "rag_opt.orderers.base",
         **{name: "rag_opt.errors" for name in _ERRORS},

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rag_opt.compressors.base import Scorer, Scores
 from rag_opt.compressors.selection import SelectionOptions, select
@@ -46,7 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.models.loader import ProxyModel
     from rag_opt.orderers.profiles import ProfileStore
 
-__all__ = ["ContextOptimizer", "optimize"]
+__all__ = ["ContextOptimizer"]
 
 
 class ContextOptimizer:
@@ -400,61 +399,3 @@ def _timed(timings: Timings, field: str) -> Iterator[None]:
         yield
     finally:
         setattr(timings, field, (time.perf_counter() - t) * 1e3)
-
-
-OPTIMIZERS_KEPT = 4  # optimizers optimize() keeps, one per set of options (each holds its loaded models)
-_OPTIMIZERS: OrderedDict[tuple[Any, ...], ContextOptimizer] = OrderedDict()
-_OPTIMIZERS_LOCK = threading.Lock()
-
-
-def _options_key(options: dict[str, Any]) -> tuple[Any, ...]:
-    """A key for a set of :class:`ContextOptimizer` options (an unhashable value counts by identity)."""
-    out = []
-    for name in sorted(options):
-        value = options[name]
-        try:
-            hash(value)
-        except TypeError:
-            value = ("id", id(value))
-        out.append((name, value))
-    return tuple(out)
-
-
-def optimize(
-    query: str,
-    documents: Sequence[DocumentLike],
-    *,
-    ratio: float | None = None,
-    target_tokens: int | None = None,
-    threshold: float | None = None,
-    ordering: OrderingName | str = "input",
-    target: str | None = None,
-    model: str | None = None,
-    budget: Budget | None = None,
-    **kwargs: Any,
-) -> OptimizeResult:
-    """Optimize retrieved ``documents`` for ``query`` in one call.
-
-    The optimizer (and its loaded models) is kept per set of options and reused by later calls with the same
-    ones (the :data:`OPTIMIZERS_KEPT` most recent). No budget given: :data:`~rag_opt.types.DEFAULT_RATIO`. See
-    :class:`ContextOptimizer` for every option.
-    """
-    options = {"model": model, "target": target, **kwargs}
-    key = _options_key(options)
-    with _OPTIMIZERS_LOCK:
-        opt = _OPTIMIZERS.get(key)
-        if opt is None:
-            opt = ContextOptimizer(**options)
-            _OPTIMIZERS[key] = opt
-            while len(_OPTIMIZERS) > OPTIMIZERS_KEPT:
-                _OPTIMIZERS.popitem(last=False)
-        _OPTIMIZERS.move_to_end(key)
-    return opt.optimize(
-        query,
-        documents,
-        ratio=ratio,
-        target_tokens=target_tokens,
-        threshold=threshold,
-        ordering=ordering,
-        budget=budget,
-    )

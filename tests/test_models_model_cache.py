@@ -35,16 +35,16 @@ def test_the_key_follows_the_contents_not_the_path_or_time(tmp_path: Path, cache
     copy.parent.mkdir()
     shutil.copyfile(original, copy)
     os.utime(copy, (1_000_000_000, 1_000_000_000))  # another install: another path and time, the same bytes
-    assert gguf._fingerprint((copy,)) == gguf._fingerprint((original,))
+    assert gguf.content_key((copy,)) == gguf.content_key((original,))
     assert (cache_home / gguf.FINGERPRINTS).is_file()  # each file hashed once, then remembered
     with open(copy, "r+b") as fh:  # other contents: another key
         fh.seek(1000)
         fh.write(b"\x00\x01\x02")
-    assert gguf._fingerprint((copy,)) != gguf._fingerprint((original,))
+    assert gguf.content_key((copy,)) != gguf.content_key((original,))
 
 
 def test_listing_and_cleaning_keep_the_current_and_other_folders(cache_home: Path, capsys) -> None:
-    key = gguf._fingerprint(_embedded_paths())
+    key = gguf.content_key(_embedded_paths())
     folders = {
         f"embedded-smollm2-135m-{key}": "current",
         f"embedded-smollm2-135m-{key}-bfloat16": "current",

@@ -45,16 +45,16 @@ def test_the_default_budget_compresses():
 
 
 def test_optimize_keeps_one_optimizer_per_set_of_options():
-    from rag_opt import pipeline
+    from rag_opt import one_call
 
     ex = hotpot_dev(1)[0]
     docs = hotpot_docs(ex)
     rag_opt.optimize(ex["question"], docs, tier="lexical", keep_first=True)
-    kept = dict(pipeline._OPTIMIZERS)
+    kept = dict(one_call._OPTIMIZERS)
     rag_opt.optimize(ex["question"], docs, tier="lexical", keep_first=True)  # the same options: the same optimizer
-    assert dict(pipeline._OPTIMIZERS) == kept
+    assert dict(one_call._OPTIMIZERS) == kept
     rag_opt.optimize(ex["question"], docs, tier="lexical", keep_first=False)  # other options: another one
-    assert len(pipeline._OPTIMIZERS) == min(len(kept) + 1, pipeline.OPTIMIZERS_KEPT)
+    assert len(one_call._OPTIMIZERS) == min(len(kept) + 1, one_call.OPTIMIZERS_KEPT)
 
 
 @pytest.mark.parametrize(

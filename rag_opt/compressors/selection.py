@@ -272,13 +272,14 @@ def _greedy(
                 done.add(d)
         # a document none of whose units fits with its antecedent keeps its best unit that fits without it: the
         # caller asked for every document (the antecedent rule yields to that)
-        bare = _header_needs(units, antecedents=False)
-        for i in order:
-            d = int(units.doc[i])
-            if d not in done and not kept[i]:
-                take(i, with_needs=bare[i])
-                if kept[i]:
-                    done.add(d)
+        if len(done) < len(set(units.doc[order].tolist())):  # only then: the needs without antecedents
+            bare = _header_needs(units, antecedents=False)
+            for i in order:
+                d = int(units.doc[i])
+                if d not in done and not kept[i]:
+                    take(i, with_needs=bare[i])
+                    if kept[i]:
+                        done.add(d)
     for i in order:
         if kept[i]:
             continue

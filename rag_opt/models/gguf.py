@@ -16,7 +16,7 @@ from filelock import FileLock
 from rag_opt.models.sources import ModelSource
 from rag_opt.paths import cache_dir
 
-__all__ = ["converted_gguf_dir"]
+__all__ = ["FINGERPRINTS", "content_key", "converted_gguf_dir"]
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 FINGERPRINTS = "fingerprints.json"  # in the model cache: each source file's content digest, by path, size and mtime
 
 
-def _fingerprint(paths: tuple[Path, ...]) -> str:
+def content_key(paths: tuple[Path, ...]) -> str:
     """The converted folder's key: a digest of the source files' *contents* (not their install path or time), so
     reinstalling the same wheel reuses the folder instead of adding another ~0.8 GB. A file's digest is computed
     once and remembered (:data:`FINGERPRINTS`) under its path, size and modification time."""
@@ -72,7 +72,7 @@ def converted_gguf_dir(source: ModelSource, dtype: str = "float32") -> Path:
     in next to the copy (1.2 GiB peak RSS instead of 0.6 for the embedded model).
     """
     stem = source.name.replace(":", "-").replace("/", "-")
-    folder = cache_dir() / "models" / f"{stem}-{_fingerprint(source.paths)}"
+    folder = cache_dir() / "models" / f"{stem}-{content_key(source.paths)}"
     _once(folder, lambda: _convert_gguf(source, folder))
     if dtype == "float32":
         return folder

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from rag_opt.models.gguf import _fingerprint
+from rag_opt.models.gguf import content_key
 from rag_opt.models.sources import EMBEDDED_MODELS
 from rag_opt.paths import cache_dir
 
@@ -40,7 +40,7 @@ def _current_keys() -> dict[str, str]:
     for name, model in EMBEDDED_MODELS.items():
         paths = model.locate()
         if paths is not None:
-            out[f"embedded-{name}"] = _fingerprint(tuple(paths))
+            out[f"embedded-{name}"] = content_key(tuple(paths))
     return out
 
 
