@@ -1,0 +1,335 @@
+"""The lost-in-the-middle curve, read end to end: does reordering help the LLM that reads the context?
+
+    OMP_NUM_THREADS=1 python benchmarks/litm.py --n-docs 20 --questions 50 --threads 1  # results/litm_n20.json, .png
+
+Data: the NQ multi-document setting of Liu et al. (2023) rebuilt in ``../shared/data/nq_multidoc`` (see its README),
+its ``test`` split only (``rag_opt.training.datasets.nq_split``: never trained on). For ``--n-docs`` N, the gold
+passage is placed at each slot of the paper's grid (1, 5, 10, ... N, 1-based) among the first N-1 BM25 distractors;
+the same ``--questions`` questions at every slot (the first of the split that have enough distractors).
+
+Conditions (``--orders`` × ``--budgets``): the documents the reader gets, in the order rag-opt gives them,
+
+* orders: ``input`` (the retriever's, i.e. the paper's curve), ``lost_in_the_middle`` (end placement),
+  ``relevance`` (best first, the rest by descending relevance), ``calibrated`` (placement by the positional
+  profile of the target when one exists, else the proxy's), ``attention_sort``;
+* budgets: ``full`` (nothing dropped: ``ratio=1``) and fractions such as ``1/3`` (rag-opt's compression at that
+  share of the o200k tokens, the library defaults otherwise).
+
+Each condition is one ``ContextOptimizer().optimize(question, documents, ratio=..., ordering=...)`` call (the
+library defaults: embedded SmolLM2 proxy, parallel encoding: the documents are read once per question and the other
+conditions come from the encoding cache). Documents are rendered as in the paper, ``Document [i](Title: t) text``,
+after the instruction "Write a high-quality answer for the given question using only the provided search results
+(some of which might be irrelevant)." and before "Question: q"; the reader answers greedily (``--max-new-tokens``).
+
+Reader: the embedded Qwen2.5-Coder-0.5B by default (``--reader embedded:smollm2-135m`` for the proxy itself, or a
+Hugging Face id / local folder when a GPU is lent). Accuracy is the paper's ``best_subspan_em``: a SQuAD-normalised
+gold answer is a substring of the normalised prediction.
+
+Reported per slot and over slots: accuracy of every condition, and its paired difference to ``input`` at full
+context with a percentile-bootstrap 95 % CI over questions (the same questions at each slot). Conditions are
+interleaved per question in a rotating order, so machine noise hits all alike. Every answer is appended to a JSONL
+cache next to the output (``litm.cache.jsonl``), keyed by the reader's signature, N, slot, question and condition: an
+interrupted run resumes where it stopped (``--report-only`` re-prints and re-plots the saved results).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from answers import Reader, paired_bootstrap
+from common import data_dir
+
+from rag_opt.models.loader import default_device, default_dtype
+from rag_opt.training.datasets import NQExample, normalize_answer, nq_split, read_nq_multidoc
+
+logger = logging.getLogger("bench.litm")
+RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_READER = "embedded:qwen2.5-coder-0.5b"
+ORDERS = ("input", "lost_in_the_middle", "relevance", "calibrated", "attention_sort")
+INSTRUCTION = (
+    "Write a high-quality answer for the given question using only the provided search results "
+    "(some of which might be irrelevant). Answer with a short phrase only."
+)
+BASELINE = "input@full"
+GRIDS = {10: (0, 4, 9), 20: (0, 4, 9, 14, 19), 30: (0, 4, 9, 14, 19, 24, 29)}
+
+
+@dataclass(frozen=True)
+class Condition:
+    order: str
+    ratio: float | None  # None: the full context
+
+    @property
+    def key(self) -> str:
+        if self.ratio is None:
+            return f"{self.order}@full"
+        return f"{self.order}@{Fraction(self.ratio).limit_denominator(100)}"
+
+
+def parse_conditions(orders: str, budgets: str) -> list[Condition]:
+    out = []
+    for budget in (b.strip() for b in budgets.split(",") if b.strip()):
+        ratio = None if budget == "full" else float(Fraction(budget))
+        if ratio is not None and not 0 < ratio < 1:
+            raise SystemExit(f"budget {budget!r}: use 'full' or a fraction in (0, 1) such as 1/3")
+        for order in (o.strip() for o in orders.split(",") if o.strip()):
+            if order not in ORDERS:
+                raise SystemExit(f"unknown order {order!r}: use {', '.join(ORDERS)}")
+            out.append(Condition(order, ratio))
+    if not any(c.key == BASELINE for c in out):
+        raise SystemExit(f"the conditions must include the baseline {BASELINE} (orders 'input', budget 'full')")
+    return out
+
+
+def best_subspan_em(prediction: str, answers: list[str]) -> float:
+    """The paper's metric: a normalised gold answer is a substring of the normalised prediction."""
+    pred = normalize_answer(prediction)
+    return float(any(normalize_answer(a) and normalize_answer(a) in pred for a in answers))
+
+
+class LitmReader(Reader):
+    """:class:`answers.Reader` with the paper's prompt: the instruction, the numbered documents, the question."""
+
+    @staticmethod
+    def messages(question: str, context: str) -> list[dict[str, str]]:
+        return [
+            {"role": "system", "content": INSTRUCTION},
+            {"role": "user", "content": f"{context}\n\nQuestion: {question}\nAnswer:"},
+        ]
+
+
+def render(documents: list[tuple[str, str]]) -> str:
+    """``Document [i](Title: t) text``, one per line, as in Liu et al. (2023)."""
+    return "\n".join(f"Document [{i}](Title: {title}) {text}" for i, (title, text) in enumerate(documents, 1))
+
+
+def contexts(opt: Any, ex: NQExample, n_docs: int, slot: int, conds: list[Condition]) -> dict[str, dict[str, Any]]:
+    """Each condition's rendered context, where the gold passage landed (0-based; None: dropped), how many documents
+    were kept, and the context's o200k tokens."""
+    docs = ex.documents(n_docs, slot)
+    inputs = [{"id": str(i), "title": d["title"], "text": d["text"]} for i, d in enumerate(docs)]
+    out = {}
+    for c in conds:
+        result = opt.optimize(ex.question, inputs, ratio=1.0 if c.ratio is None else c.ratio, ordering=c.order)
+        kept = [(d.title or "", d.text) for d in result.documents]
+        ids = [d.id for d in result.documents]
+        out[c.key] = {
+            "context": render(kept),
+            "gold_at": ids.index(str(slot)) if str(slot) in ids else None,
+            "n_kept": len(ids),
+            "tokens": result.tokens_after,
+        }
+    return out
+
+
+def _cache_key(signature: str, n_docs: int, slot: int, index: int, cond: str) -> str:
+    return f"{signature}|n{n_docs}|s{slot}|q{index}|{cond}"
+
+
+def _questions(args: argparse.Namespace) -> list[NQExample]:
+    path = data_dir() / "nq_multidoc" / "public.jsonl.gz"
+    if not path.is_file():
+        raise SystemExit(f"NQ multi-document data not found at {path} (see ../shared/data/README.md)")
+    records = nq_split(read_nq_multidoc(path, min_distractors=29), "test")
+    return records[: args.questions]
+
+
+def _grid(args: argparse.Namespace) -> list[int]:
+    grid = [s for s in GRIDS[args.n_docs] if not args.slots or s + 1 in args.slots]
+    if not grid:
+        raise SystemExit(f"no slot of the grid {[s + 1 for s in GRIDS[args.n_docs]]} was asked for")
+    return grid
+
+
+def _load_cache(path: Path) -> dict[str, dict[str, Any]]:
+    cache: dict[str, dict[str, Any]] = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                row = json.loads(line)
+                cache[row["key"]] = row
+    return cache
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from rag_opt.pipeline import ContextOptimizer
+
+    questions, grid = _questions(args), _grid(args)
+    conds = parse_conditions(args.orders, args.budgets)
+    device = args.device or default_device()
+    reader = LitmReader(args.reader, device, args.dtype or default_dtype(device), args.max_new_tokens)
+    opt = ContextOptimizer(threads=args.threads or "auto")
+    cache_path = Path(args.out).with_suffix(".cache.jsonl")
+    cache = _load_cache(cache_path)
+    step = 0
+    # slot-major within each question: every question is answered at every slot before the next one starts, so a
+    # run stopped early leaves whole questions (the paired comparison needs the same questions at each slot)
+    with open(cache_path, "a") as sink, tqdm(total=len(questions) * len(grid), desc=f"litm N={args.n_docs}") as bar:
+        for ex in questions:
+            for slot in grid:
+                keys = {c.key: _cache_key(reader.signature, args.n_docs, slot, ex.index, c.key) for c in conds}
+                missing = [c for c in conds if keys[c.key] not in cache]
+                if missing:
+                    built = contexts(opt, ex, args.n_docs, slot, missing)
+                    rot = step % len(missing)
+                    for c in missing[rot:] + missing[:rot]:  # a rotating order: noise hits all conditions alike
+                        t0 = time.perf_counter()
+                        raw = reader.answer(ex.question, built[c.key]["context"])
+                        row = {
+                            "key": keys[c.key],
+                            "answer": raw,
+                            "correct": best_subspan_em(raw, ex.answers),
+                            **{k: built[c.key][k] for k in ("gold_at", "n_kept", "tokens")},
+                            "reader_s": round(time.perf_counter() - t0, 3),
+                        }
+                        cache[row["key"]] = row
+                        sink.write(json.dumps(row) + "\n")
+                        sink.flush()
+                        logger.debug("q%d slot %d %s: %r -> %s", ex.index, slot + 1, c.key, raw, row["correct"])
+                step += 1
+                bar.update(1)
+    return summarise(args, conds, grid, questions, cache, reader.signature)
+
+
+def summarise(
+    args: argparse.Namespace,
+    conds: list[Condition],
+    grid: list[int],
+    questions: list[NQExample],
+    cache: dict[str, dict[str, Any]],
+    signature: str,
+) -> dict[str, Any]:
+    """Accuracy per slot and over slots of every condition, and its paired difference to :data:`BASELINE`."""
+
+    def rows(cond: str, slot: int) -> list[dict[str, Any]]:
+        return [cache[_cache_key(signature, args.n_docs, slot, ex.index, cond)] for ex in questions]
+
+    res: dict[str, Any] = {
+        "n_docs": args.n_docs,
+        "questions_per_slot": len(questions),
+        "reader": args.reader,
+        "reader_signature": signature,
+        "slots": [s + 1 for s in grid],
+        "baseline": BASELINE,
+        "conditions": {},
+    }
+    for c in conds:
+        per_slot, diffs, every, every_base, placed = [], [], [], [], []
+        for slot in grid:
+            got = rows(c.key, slot)
+            a = [float(r["correct"]) for r in got]
+            b = [float(r["correct"]) for r in rows(BASELINE, slot)]
+            per_slot.append(float(np.mean(a)))
+            diffs.append(paired_bootstrap(a, b))
+            every += a
+            every_base += b
+            placed += got
+        res["conditions"][c.key] = {
+            "accuracy_per_slot": per_slot,
+            "accuracy_mean": float(np.mean(per_slot)),
+            "best_minus_worst": float(max(per_slot) - min(per_slot)),
+            "diff_per_slot": [dict(zip(("mean", "lo", "hi"), d, strict=True)) for d in diffs],
+            "diff_mean": dict(zip(("mean", "lo", "hi"), paired_bootstrap(every, every_base), strict=True)),
+            "gold_kept": float(np.mean([r["gold_at"] is not None for r in placed])),
+            "gold_first": float(np.mean([r["gold_at"] == 0 for r in placed])),
+            "gold_last": float(np.mean([r["gold_at"] is not None and r["gold_at"] == r["n_kept"] - 1 for r in placed])),
+            "mean_tokens": float(np.mean([r["tokens"] for r in placed])),
+        }
+    return res
+
+
+def show(res: dict[str, Any]) -> None:
+    slots = res["slots"]
+    print(
+        f"lost in the middle, N={res['n_docs']}, {res['questions_per_slot']} questions per slot, reader {res['reader']}"
+    )
+    print(f"accuracy (best_subspan_em) per gold slot; diff: paired vs {res['baseline']}, 95 % CI")
+    head = f"{'condition':28s}" + "".join(f"{'slot ' + str(s):>8s}" for s in slots)
+    print(head + f"{'mean':>8s}  {'diff mean [CI]':>24s}  {'worst diff lo':>13s}  {'tokens':>7s}  gold first/last")
+    for key, c in res["conditions"].items():
+        d = c["diff_mean"]
+        worst_lo = min(x["lo"] for x in c["diff_per_slot"])
+        print(
+            f"{key:28s}"
+            + "".join(f"{a:8.2f}" for a in c["accuracy_per_slot"])
+            + f"{c['accuracy_mean']:8.3f}  {d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]  {worst_lo:+13.3f}"
+            + f"  {c['mean_tokens']:7.0f}  {c['gold_first']:.2f}/{c['gold_last']:.2f}"
+        )
+
+
+def plot(res: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    budgets = sorted({k.split("@")[1] for k in res["conditions"]}, key=lambda b: (b != "full", b))
+    fig, axes = plt.subplots(1, len(budgets), figsize=(5.5 * len(budgets), 4), sharey=True, squeeze=False)
+    for ax, budget in zip(axes[0], budgets, strict=True):
+        for key, c in res["conditions"].items():
+            order, b = key.split("@")
+            if b != budget:
+                continue
+            style = "-" if order != "input" else "--"
+            ax.plot(res["slots"], c["accuracy_per_slot"], style, marker="o", label=order)
+        base = res["conditions"][res["baseline"]]["accuracy_per_slot"]
+        if budget != "full":
+            ax.plot(res["slots"], base, ":", color="grey", label="input, full context")
+        ax.set_title(f"{'full context' if budget == 'full' else 'compressed to ' + budget} (N={res['n_docs']})")
+        ax.set_xlabel("position of the gold document (1-based)")
+        ax.set_xticks(res["slots"])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel(f"accuracy ({res['questions_per_slot']} questions per slot)")
+    fig.suptitle(f"Lost in the middle: reader {res['reader']}")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def _slots(spec: str) -> list[int]:
+    return [int(x) for x in spec.split(",") if x.strip()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n-docs", type=int, default=20, choices=sorted(GRIDS))
+    ap.add_argument("--questions", type=int, default=50, help="questions per slot (NQ test split, in file order)")
+    ap.add_argument("--slots", type=_slots, default=None, help="1-based gold slots of the grid, e.g. 1,10,20")
+    ap.add_argument("--orders", default=",".join(ORDERS), help=f"comma-separated (default: {','.join(ORDERS)})")
+    ap.add_argument("--budgets", default="full,1/3", help="comma-separated: full and/or fractions (default full,1/3)")
+    ap.add_argument("--reader", default=DEFAULT_READER, help="reader LM: embedded:<name>, HF id or local folder")
+    ap.add_argument("--device", default=None, help="reader device (default cpu)")
+    ap.add_argument("--dtype", default=None, help="reader precision (default: bf16 where native, else float32)")
+    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: rag-opt's 'auto')")
+    ap.add_argument("--out", default=None, help="results JSON (default results/litm_n<N>.json)")
+    ap.add_argument("--report-only", action="store_true", help="re-print and re-plot the saved results")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log every answer")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    out = Path(args.out or RESULTS / f"litm_n{args.n_docs}.json")
+    res = json.loads(out.read_text()) if args.report_only else run(argparse.Namespace(**{**vars(args), "out": out}))
+    if not args.report_only:
+        out.write_text(json.dumps(res, indent=1))
+    show(res)
+    plot(res, out.with_suffix(".png"))
+    print(f"curves: {out.with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
