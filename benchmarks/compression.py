@@ -70,18 +70,44 @@ def _covered(spans: list[tuple[int, int]], a: int, b: int) -> bool:
     return any(s <= a and b <= e for s, e in spans)
 
 
-def hotpot_metrics(ex: Any, result: OptimizeResult) -> dict[str, float | None]:
+TITLE_REGIMES = ("field", "none", "text")
+
+
+def hotpot_documents(ex: Any, titles: str) -> tuple[list[dict[str, str]], list[int]]:
+    """The question's paragraphs as documents, the title given as users give it (``titles``: ``field``: a title
+    field; ``none``: no title anywhere; ``text``: the title as the text's first line), and where each paragraph
+    starts in its document's text. The id is the title in every regime (rag-opt never reads an id as a title)."""
+    if titles == "field":
+        return [{"id": t, "title": t, "text": ex.paragraph_text(p)} for p, t in enumerate(ex.titles)], [0] * len(
+            ex.titles
+        )
+    if titles == "none":
+        return [{"id": t, "text": ex.paragraph_text(p)} for p, t in enumerate(ex.titles)], [0] * len(ex.titles)
+    if titles == "text":
+        docs = [{"id": t, "text": f"{t}\n{ex.paragraph_text(p).lstrip()}"} for p, t in enumerate(ex.titles)]
+        shifts = [
+            len(t) + 1 - (len(ex.paragraph_text(p)) - len(ex.paragraph_text(p).lstrip()))
+            for p, t in enumerate(ex.titles)
+        ]
+        return docs, shifts
+    raise SystemExit(f"unknown title regime {titles!r}: use {', '.join(TITLE_REGIMES)}")
+
+
+def hotpot_metrics(ex: Any, result: OptimizeResult, shifts: list[int] | None = None) -> dict[str, float | None]:
+    """Supporting-fact recall, all facts kept, answer kept and the achieved ratio; ``shifts``: where each paragraph
+    starts in its document's text (its title line before it)."""
     by_id = {d.id: d for d in result.documents}
     hits = []
     for p, s in sorted(ex.supporting):
         text = ex.paragraph_text(p)
+        shift = shifts[p] if shifts else 0
         a = sum(len(x) for x in ex.sentences[p][:s])
         b = a + len(ex.sentences[p][s])
         sent = text[a:b]
         a2 = a + (len(sent) - len(sent.lstrip()))
         b2 = b - (len(sent) - len(sent.rstrip()))
         doc = by_id.get(ex.titles[p])
-        hits.append(doc is not None and (a2 >= b2 or _covered(doc.kept_spans, a2, b2)))
+        hits.append(doc is not None and (a2 >= b2 or _covered(doc.kept_spans, a2 + shift, b2 + shift)))
     return {
         "sf_recall": float(np.mean(hits)) if hits else None,
         "all_facts_kept": float(all(hits)) if hits else None,
@@ -202,28 +228,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     latency: dict[str, list[float]] = {"rag-opt": [], "bare forward": []}
     from tqdm.auto import tqdm
 
-    for name, scorer in methods.items():
+    regimes = [t.strip() for t in args.titles.split(",") if t.strip()]
+    results["titles"] = regimes
+    for (name, scorer), titles in ((m, t) for t in regimes for m in methods.items()):
         opt = ContextOptimizer(scorer=scorer)
         per_ratio: dict[str, Any] = {}
         for r in ratios:
             rows = []
-            for ex in tqdm(hotpot, desc=f"{name} hotpot r={r:.2f}", mininterval=10):
-                docs = [{"id": t, "title": t, "text": ex.paragraph_text(p)} for p, t in enumerate(ex.titles)]
+            for ex in tqdm(hotpot, desc=f"{name} [{titles}] hotpot r={r:.2f}", mininterval=10):
+                docs, shifts = hotpot_documents(ex, titles)
                 t0 = time.perf_counter()
                 res = opt.optimize(ex.question, docs, ratio=r)
                 total_ms = (time.perf_counter() - t0) * 1e3
-                if scorer is probe_memo and r == ratios[0] and not args.no_bare_forward:
+                if scorer is probe_memo and r == ratios[0] and titles == regimes[0] and not args.no_bare_forward:
                     latency["rag-opt"].append(total_ms)
                     spy = scorer.inner
                     assert spy.last is not None
                     latency["bare forward"].append(bare_forward_ms(sentinel.proxy, spy.last[1], spy.last[0]))
-                rows.append(hotpot_metrics(ex, res))
+                rows.append(hotpot_metrics(ex, res, shifts))
             srows = []
             for ex in tqdm(squad, desc=f"{name} squad r={r:.2f}", mininterval=10):
                 res = opt.optimize(ex["question"], ex["docs"], ratio=r)
                 srows.append(squad_metrics(ex, res))
             per_ratio[f"{r:.3f}"] = {"hotpot": summarize(rows), "squad": summarize(srows) if srows else {}}
-        table[name] = per_ratio
+        table[name if titles == "field" else f"{name} [titles: {titles}]"] = per_ratio
     results["methods"] = table
     med_opt = statistics.median(latency["rag-opt"]) if latency["rag-opt"] else float("nan")
     med_fwd = statistics.median(latency["bare forward"]) if latency["bare forward"] else float("nan")
@@ -313,6 +341,12 @@ def main() -> None:
     ap.add_argument("--encoding", default="joint", choices=("joint", "parallel"))
     ap.add_argument("--dtype", default=None, help="proxy precision (default: the library's for this machine)")
     ap.add_argument("--only-probe", action="store_true", help="run the probe and BM25 only")
+    ap.add_argument(
+        "--titles",
+        default="field",
+        help="how HotpotQA titles are given, comma-separated: field (a title field), none (no title anywhere), text "
+        "(the title as the text's first line); rows of the other regimes are named '<method> [titles: <regime>]'",
+    )
     ap.add_argument("--no-bare-forward", action="store_true", help="skip the bare-forward latency reference")
     ap.add_argument("--out", default=str(RESULTS / "compression"))
     ap.add_argument("--report-only", action="store_true", help="re-print and re-plot the saved results")
@@ -325,6 +359,9 @@ def main() -> None:
         plot(results, out.with_suffix(".png"))
         print_table(results)
         return
+    bad = [t for t in args.titles.split(",") if t.strip() and t.strip() not in TITLE_REGIMES]
+    if bad:
+        raise SystemExit(f"unknown --titles {bad}: use a comma-separated list of {', '.join(TITLE_REGIMES)}")
     if not (data_dir() / "hotpotqa" / "dev.jsonl.gz").is_file():
         raise SystemExit(f"real data not found under {data_dir()}: this benchmark needs ../shared/data")
     results = run(args)

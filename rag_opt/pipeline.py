@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from rag_opt.compressors.base import Scorer, Scores
 from rag_opt.compressors.selection import SelectionOptions, select
-from rag_opt.errors import ConfigurationError, InvalidInputError
+from rag_opt.errors import ConfigurationError, InvalidInputError, InvalidInputTypeError
 from rag_opt.inputs import check_budget, check_documents, check_query, check_tier
 from rag_opt.models.encoding_cache import EncodingCache, resolve_cache
 from rag_opt.models.prompt import DEFAULT_ENCODING, template_for
@@ -25,6 +25,7 @@ from rag_opt.orderers.base import Orderer, OrdererResources, make_orderer
 from rag_opt.orderers.stage import order_stage
 from rag_opt.render import render_result
 from rag_opt.text.language import check_language
+from rag_opt.text.titles import DEFAULT_TITLE_KEYS, check_title_keys
 from rag_opt.text.tokens import TokenCounter, get_token_counter, target_key
 from rag_opt.text.units import UnitTable
 from rag_opt.types import (
@@ -99,6 +100,12 @@ class ContextOptimizer:
             bytes, a folder (the default memory tier plus that disk tier, shared by processes), an
             :class:`~rag_opt.models.encoding_cache.EncodingCache` (to share one between optimizers or with the
             server), or None (off).
+        title_keys: the metadata keys a document's title is read from when it has no ``title`` field, in order
+            (default :data:`~rag_opt.text.titles.DEFAULT_TITLE_KEYS`: title, doc_title, heading, name, source; a
+            file-name key gives its file's stem). See :mod:`rag_opt.text.titles`.
+        title_from_text: without a title field or metadata title, read a leading heading line of the text (a
+            Markdown heading, or a short first line without end punctuation) as the title; the line stays in
+            the text. ``OutputDocument.title_source`` says which title was used.
     """
 
     def __init__(
@@ -127,6 +134,8 @@ class ContextOptimizer:
         threads: ThreadPolicy | int | str = "auto",
         encoding: str = DEFAULT_ENCODING,
         cache: EncodingCache | int | str | None = "auto",
+        title_keys: Sequence[str] = DEFAULT_TITLE_KEYS,
+        title_from_text: bool = True,
     ) -> None:
         self.budget = check_budget(ratio, target_tokens, threshold, budget) or Budget(ratio=DEFAULT_RATIO)
         self.ordering: OrderingName = check_ordering(ordering)
@@ -145,6 +154,10 @@ class ContextOptimizer:
         self.max_window_tokens = max_window_tokens
         self.trust_remote_code = trust_remote_code
         self.language = check_language(language)
+        self.title_keys = check_title_keys(title_keys)
+        if not isinstance(title_from_text, bool):
+            raise InvalidInputTypeError(f"title_from_text must be true or false, got {type(title_from_text).__name__}")
+        self.title_from_text = title_from_text
         self.doc_probe = doc_probe
         self.calibrate = calibrate
         self.tier: Tier = check_tier(tier)
@@ -293,7 +306,9 @@ class ContextOptimizer:
         for job in jobs:  # segment
             check_question(job.query, counter.count)  # limits (rag_opt.work): a long question is work of its own
             with _timed(job.timings, "segment_ms"):
-                job.units = UnitTable.build(job.docs, counter.count, language_)
+                job.units = UnitTable.build(
+                    job.docs, counter.count, language_, title_keys=self.title_keys, title_from_text=self.title_from_text
+                )
             check_units(job.units.n_units)  # limits and cancellation (rag_opt.work): before the expensive stages
             job.limit = budget.tokens(job.units.tokens_before)
             job.shrink = budget.compresses and (job.limit is None or job.limit < job.units.tokens_before)

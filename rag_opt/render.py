@@ -78,6 +78,7 @@ def _document(units: UnitTable, scores: Scores | None, selection: Selection, d: 
         text=(source.text if whole else selection.texts[d]) if selection.doc_kept[d] else "",
         metadata=source.metadata,
         title=units.titles[d],
+        title_source=units.title_sources[d] if units.title_sources else None,
         score=float(scores.doc[d]) if scores is not None else None,
         raw_score=_raw_score(scores, d),
         retriever_score=source.score,

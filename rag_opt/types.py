@@ -227,7 +227,13 @@ class OutputDocument(BaseModel):
         "kept item of an array or object is left out)"
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
-    title: str | None = None
+    title: str | None = Field(default=None, description="the title rag-opt read (see title_source)")
+    title_source: str | None = Field(
+        default=None,
+        description="where the title was found: 'field' (the title field), 'metadata.<key>' (a metadata key; a "
+        "file name's stem for source/file_path/file_name/filename), or 'text' (the text's leading heading line: it "
+        "stays in text, so context() does not repeat it); None: no title",
+    )
     score: float | None = Field(default=None, description="document relevance (calibrated when available)")
     raw_score: float | None = Field(default=None, description="document relevance before calibration")
     retriever_score: float | None = None
@@ -295,7 +301,7 @@ class OptimizeResult(BaseModel):
         """The optimized documents rendered as one context string."""
         parts = []
         for doc in self.documents:
-            head = f"{doc.title}\n" if with_titles and doc.title else ""
+            head = f"{doc.title}\n" if with_titles and doc.title and doc.title_source != "text" else ""
             parts.append(head + doc.text)
         return separator.join(parts)
 

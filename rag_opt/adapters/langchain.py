@@ -112,7 +112,7 @@ def to_langchain_documents(
             doc_id = original.id
         else:
             metadata = dict(doc.metadata)
-            if doc.title and "title" not in metadata:
+            if doc.title and doc.title_source == "field" and "title" not in metadata:
                 metadata["title"] = doc.title
             doc_id = doc.id if (original is None or _input_id(original) is not None) else None
         if metadata_key in metadata:

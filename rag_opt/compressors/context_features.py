@@ -79,7 +79,9 @@ def _mentions(titles: tuple[str, ...], texts: tuple[tuple[int, str], ...]) -> tu
 
 
 def _titles(units: UnitTable) -> list[str | None]:
-    out: list[str | None] = [None] * units.n_docs
+    """Each document's title: the one found when the table was built (a title field, metadata, a leading heading
+    line), else its title row's text (tables built from texts)."""
+    out: list[str | None] = [t.strip() or None if t else None for t in units.titles] or [None] * units.n_docs
     for r, kind in enumerate(units.kind):
         if kind == "title" and out[int(units.doc[r])] is None:
             out[int(units.doc[r])] = units.texts[r].strip() or None

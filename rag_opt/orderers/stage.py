@@ -25,7 +25,7 @@ def order_stage(
     items = []
     for rank, d in enumerate(kept):
         text = units.documents[d].text if selection.keep[list(units.rows(d))].all() else selection.texts[d]
-        title = units.titles[d]
+        title = units.titles[d] if not units.title_in_text(d) else None  # a heading line is in the text already
         items.append(OrderItem(f"{title}\n{text}" if title else text, _relevance(units, scores, d, rank)))
     return orderer.order(query, items)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rag_opt.text.titles import DEFAULT_TITLE_KEYS, find_title
 from rag_opt.types import Document, UnitKind
 
 __all__ = ["UnitTable", "join_spans", "merge_spans"]
@@ -33,7 +34,9 @@ class UnitTable:
     Columns (arrays of length ``n_units``): ``doc`` (document index), ``start``/``end`` (character span in the
     document's text; ``-1`` for a title row, which is not part of the text), ``kind``, ``tokens`` (target-LLM
     tokens), ``candidate`` and ``texts`` (what the proxy reads). Per document (length ``n_docs``): ``titles``,
-    ``title_tokens`` and ``text_tokens`` (the whole text: BPE merges across units make it differ from the sum).
+    ``title_sources`` (where each title was found: :attr:`rag_opt.text.titles.FoundTitle.label`; empty for tables
+    built from texts), ``title_tokens`` (0 for a title that is the text's own leading heading line: it is a unit of
+    the text) and ``text_tokens`` (the whole text: BPE merges across units make it differ from the sum).
     ``language`` is the ISO 639 code the documents were segmented with (scorers' lexical features follow it).
     Structure (None for tables without any, e.g. :meth:`from_texts`): ``parent`` (the row of the opener a row
     belongs to, -1: none), ``closer`` (an opener's closing row, -1: none) and ``comma`` (the offset of the comma
@@ -49,6 +52,7 @@ class UnitTable:
     texts: tuple[str, ...]
     documents: tuple[Document, ...] = ()
     titles: tuple[str | None, ...] = ()
+    title_sources: tuple[str | None, ...] = ()
     title_tokens: np.ndarray | None = None
     text_tokens: np.ndarray | None = None
     language: str = "en"
@@ -58,9 +62,19 @@ class UnitTable:
 
     # -- building ---------------------------------------------------------------------------------------
     @classmethod
-    def build(cls, documents: Sequence[Document], count: Callable[[str], int], language: str = "en") -> UnitTable:
-        """Segment ``documents`` and count every unit in the target LLM's tokens (the *segment* stage)."""
-        from rag_opt.text.segment import segment
+    def build(
+        cls,
+        documents: Sequence[Document],
+        count: Callable[[str], int],
+        language: str = "en",
+        *,
+        title_keys: Sequence[str] = DEFAULT_TITLE_KEYS,
+        title_from_text: bool = True,
+    ) -> UnitTable:
+        """Segment ``documents`` and count every unit in the target LLM's tokens (the *segment* stage). Each
+        document's title is found by :func:`rag_opt.text.titles.find_title` (``title_keys``, ``title_from_text``):
+        a title row first, or, for a leading heading line, that line as a ``heading`` unit of the text."""
+        from rag_opt.text.segment import Segment, segment
         from rag_opt.text.structure import unit_pieces
 
         doc: list[int] = []
@@ -74,11 +88,15 @@ class UnitTable:
         closer: list[int] = []
         comma: list[int] = []
         titles: list[str | None] = []
+        sources: list[str | None] = []
         title_tokens: list[int] = []
         text_tokens: list[int] = []
         for d, document in enumerate(documents):
-            title = _title_of(document)
-            titles.append(title)
+            found = find_title(document, title_keys, from_text=title_from_text)
+            titles.append(found.title if found is not None else None)
+            sources.append(found.label if found is not None else None)
+            in_text = found is not None and found.span is not None
+            title = None if found is None or in_text else found.title
             title_tokens.append(count(f"{title}\n") if title else 0)
             text_tokens.append(count(document.text))
             if title:
@@ -93,7 +111,12 @@ class UnitTable:
                 closer.append(-1)
                 comma.append(-1)
             text = document.text
-            for seg in segment(text, language):
+            segments = segment(text, language)
+            if found is not None and found.span is not None:  # the leading heading line: a unit of its own
+                cut = found.span[1]
+                rest = [Segment(g.start + cut, g.end + cut, g.kind) for g in segment(text[cut:], language)]
+                segments = [Segment(0, cut, "heading"), *rest]
+            for seg in segments:
                 base = len(doc)  # the pieces' parent and closer are indices into their own list
                 for p in unit_pieces(text, seg):
                     doc.append(d)
@@ -116,6 +139,7 @@ class UnitTable:
             texts=tuple(texts),
             documents=tuple(documents),
             titles=tuple(titles),
+            title_sources=tuple(sources),
             title_tokens=np.asarray(title_tokens, dtype=np.int64),
             text_tokens=np.asarray(text_tokens, dtype=np.int64),
             language=language,
@@ -267,16 +291,20 @@ class UnitTable:
                 opened.add(p)
         return merge_spans(spans)
 
+    def title_in_text(self, d: int) -> bool:
+        """Whether document ``d``'s title is its text's leading heading line (not a title row of its own)."""
+        return bool(self.title_sources) and self.title_sources[d] == "text"
+
     def render(self, d: int, keep: np.ndarray) -> str:
         """Document ``d``'s kept text: kept units verbatim, in order (see :func:`join_spans`)."""
         return join_spans(self.documents[d].text, self.kept_spans(d, keep))
 
 
 def _title_of(doc: Document) -> str | None:
-    if doc.title:
-        return doc.title
-    t = doc.metadata.get("title")
-    return t if isinstance(t, str) and t.strip() else None
+    """A title row's title for tables built from given spans: the ``title`` field or metadata (no heading lines:
+    the spans are the caller's)."""
+    found = find_title(doc, from_text=False)
+    return found.title if found is not None else None
 
 
 def join_spans(text: str, spans: Sequence[tuple[int, int]]) -> str:
