@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rag_opt import ContextOptimizer
@@ -135,3 +137,24 @@ def test_title_keys_override_and_bad_values_are_refused() -> None:
         ContextOptimizer(title_keys=["title", ""])
     with pytest.raises(InvalidInputTypeError, match="title_from_text"):
         ContextOptimizer(title_from_text="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.model
+def test_the_command_line_takes_the_title_options(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    import json
+
+    from rag_opt.cli import main
+
+    path = tmp_path / "docs.jsonl"
+    rows = [
+        {"id": "a", "text": "Oak Island\nOak Island is an island in Nova Scotia. It is privately owned."},
+        {"id": "b", "text": "Cooking pasta needs water. Salt it well.", "metadata": {"headline": "Pasta"}},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["optimize", "-q", "Where is Oak Island?", "-i", str(path), "--ratio", "1", "--ordering", "relevance"]
+    assert main([*args, "--title-keys", "headline", "--json"]) == 0
+    got = {d["id"]: (d["title"], d["title_source"]) for d in json.loads(capsys.readouterr().out)["documents"]}
+    assert got == {"a": ("Oak Island", "text"), "b": ("Pasta", "metadata.headline")}
+    assert main([*args, "--title-keys", "", "--no-title-from-text", "--json"]) == 0
+    got = {d["id"]: (d["title"], d["title_source"]) for d in json.loads(capsys.readouterr().out)["documents"]}
+    assert got == {"a": (None, None), "b": (None, None)}

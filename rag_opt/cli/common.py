@@ -20,6 +20,7 @@ __all__ = [
     "add_language_arg",
     "add_model_args",
     "add_optimizer_args",
+    "add_title_args",
     "budget_from_args",
     "build_optimizer",
     "default_data_dir",
@@ -27,6 +28,7 @@ __all__ = [
     "optimizer_kwargs",
     "positive_int",
     "read_documents",
+    "title_kwargs",
 ]
 
 
@@ -135,7 +137,26 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "default: memory only",
     )
     add_language_arg(p)
+    add_title_args(p)
     add_model_args(p)
+
+
+def add_title_args(p: argparse.ArgumentParser) -> None:
+    """``--title-keys`` and ``--no-title-from-text``: where a document's title is read (rag_opt.text.titles)."""
+    from rag_opt.text.titles import DEFAULT_TITLE_KEYS
+
+    p.add_argument(
+        "--title-keys",
+        default=",".join(DEFAULT_TITLE_KEYS),
+        help="metadata keys a document's title is read from when it has no title field, in order (a file-name key "
+        f"such as source gives the file's stem; default: {','.join(DEFAULT_TITLE_KEYS)}; '' reads none)",
+    )
+    p.add_argument(
+        "--no-title-from-text",
+        dest="title_from_text",
+        action="store_false",
+        help="do not read a leading heading line of the text as its title (default: read it when there is no other)",
+    )
 
 
 def add_language_arg(p: argparse.ArgumentParser) -> None:
@@ -164,7 +185,18 @@ def optimizer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "language": args.language,
         "encoding": getattr(args, "encoding", DEFAULT_ENCODING),
         "cache": getattr(args, "cache_dir", None) or "auto",
+        **title_kwargs(args),
     }
+
+
+def title_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """``title_keys`` and ``title_from_text`` of the parsed :func:`add_title_args` options (none when absent)."""
+    out: dict[str, Any] = {}
+    if getattr(args, "title_keys", None) is not None:
+        out["title_keys"] = tuple(k.strip() for k in args.title_keys.split(",") if k.strip())
+    if hasattr(args, "title_from_text"):
+        out["title_from_text"] = args.title_from_text
+    return out
 
 
 def build_optimizer(args: argparse.Namespace) -> Any:

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag_opt.cli.common import UserError, add_language_arg, add_model_args, positive_int
+from rag_opt.cli.common import UserError, add_language_arg, add_model_args, add_title_args, positive_int, title_kwargs
 from rag_opt.cli.index_rows import IndexSummary, RowResult, batches, count_rows, parse_row
 from rag_opt.errors import RagOptError
 from rag_opt.install import install_hint
@@ -76,6 +76,8 @@ class DocumentIndexer:
         language: str = "en",
         layers: int | Sequence[int] | None = None,
         batch_tokens: int = 6144,
+        title_keys: Sequence[str] | None = None,
+        title_from_text: bool = True,
     ) -> None:
         from rag_opt.models.encoding_cache import EncodingCache
         from rag_opt.models.parallel import prefix_tokens
@@ -83,10 +85,21 @@ class DocumentIndexer:
         from rag_opt.pipeline import ContextOptimizer
 
         self.cache: EncodingCache = EncodingCache(0, disk=cache_dir)  # the disk tier only: nothing kept in memory
+        titles: dict[str, Any] = {"title_from_text": title_from_text}
+        if title_keys is not None:
+            titles["title_keys"] = title_keys
         optimizer = ContextOptimizer(
-            model=model, device=device, dtype=dtype, probe=probe, language=language, encoding="parallel", cache=None
+            model=model,
+            device=device,
+            dtype=dtype,
+            probe=probe,
+            language=language,
+            encoding="parallel",
+            cache=None,
+            **titles,
         )
         self.language = optimizer.language
+        self.title_keys, self.title_from_text = optimizer.title_keys, optimizer.title_from_text
         scorer = optimizer.scorer()  # loads the model and resolves the probes as a request does
         proxy = getattr(scorer, "proxy", None)
         layers_of = getattr(scorer, "layers", None)
@@ -127,7 +140,9 @@ class DocumentIndexer:
         from rag_opt.text.units import UnitTable
 
         docs = check_documents([document])
-        units = UnitTable.build(docs, _uncounted, self.language).by_document()  # unit texts need no token counts
+        units = UnitTable.build(  # unit texts need no token counts
+            docs, _uncounted, self.language, title_keys=self.title_keys, title_from_text=self.title_from_text
+        ).by_document()
         prompt = parallel_prompt(self.proxy.tokenizer, units, _QUESTION, max_block_tokens=self.block_limit)
         if len(prompt.blocks) > 1:
             self.split_documents += 1
@@ -347,6 +362,7 @@ def register(sub: Any) -> None:
         help="index at this depth only (default: the depths the probes read at request time)",
     )
     add_language_arg(p)
+    add_title_args(p)  # as the requests read titles: a heading line read as a title changes the document's blocks
     p.add_argument(
         "--batch", type=positive_int, default=DEFAULT_BATCH, help=f"rows per batch (default {DEFAULT_BATCH})"
     )
@@ -379,6 +395,7 @@ def _index(args: argparse.Namespace) -> int:
         probe=None if args.probe == "none" else args.probe,
         language=args.language,
         layers=args.layers,
+        **title_kwargs(args),
     )
     print(summary.line(cache_dir))
     return 1 if summary.failed else 0
