@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rag_opt import ContextOptimizer
@@ -158,3 +159,43 @@ def test_the_command_line_takes_the_title_options(capsys: pytest.CaptureFixture[
     assert main([*args, "--title-keys", "", "--no-title-from-text", "--json"]) == 0
     got = {d["id"]: (d["title"], d["title_source"]) for d in json.loads(capsys.readouterr().out)["documents"]}
     assert got == {"a": (None, None), "b": (None, None)}
+
+
+@pytest.mark.parametrize(
+    ("text", "subject"),
+    [
+        ("Dark Horse Records is a record label founded by George Harrison.", "Dark Horse Records"),
+        ('"Can\'t Stop Thinking About You" is a song by George Harrison.', "Can't Stop Thinking About You"),
+        ("Kim Hyung-jun (born August 3, 1987) is a South Korean entertainer.", "Kim Hyung-jun"),
+        ("Bank of America is a bank.", "Bank of America"),
+        ("Ludwig van Beethoven was a composer.", "Ludwig van Beethoven"),
+        ("The band was formed in 1990.", None),  # not a name
+        ("It is a song.", None),  # a pronoun
+        ("In 1990, the band split.", None),
+        ("the lowercase start is no name.", None),
+        ("A very long subject with many capitalised Words That Goes On And On is here.", None),
+    ],
+)
+def test_the_leading_subject_is_a_link_name_for_a_document_without_a_title(text: str, subject: str | None) -> None:
+    from rag_opt.text.titles import leading_subject
+
+    assert leading_subject(text) == subject
+
+
+def test_link_names_let_documents_without_titles_be_named_by_others() -> None:
+    """A sentence of one document that names another document's subject links the two, as a title would; the
+    subject is never shown as a title."""
+    docs = [
+        Document(text="Dark Horse Records is a record label. It was founded in 1974."),
+        Document(text="The album was released on Dark Horse Records in 1976. It sold well."),
+        Document(text="Dark Horse Records is a record label.", title="Label"),
+    ]
+    units = UnitTable.build(docs, lambda s: len(s.split()))
+    assert units.link_names == ("Dark Horse Records", None, "Label") and units.titles == (None, None, "Label")
+    from rag_opt.compressors.context_features import CONTEXT_FEATURES, context_features
+
+    logits = np.linspace(-1.0, 1.0, units.n_units)
+    feats = context_features(logits, units)
+    named = feats[:, CONTEXT_FEATURES.index("named_by_other")]
+    first = units.rows(0)
+    assert named[[r for r in first if units.candidate[r]]].max() > named[[r for r in units.rows(1)]].max()

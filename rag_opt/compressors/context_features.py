@@ -79,9 +79,11 @@ def _mentions(titles: tuple[str, ...], texts: tuple[tuple[int, str], ...]) -> tu
 
 
 def _titles(units: UnitTable) -> list[str | None]:
-    """Each document's title: the one found when the table was built (a title field, metadata, a leading heading
-    line), else its title row's text (tables built from texts)."""
-    out: list[str | None] = [t.strip() or None if t else None for t in units.titles] or [None] * units.n_docs
+    """The name each document is linked by: its title as found when the table was built (a title field, metadata,
+    a leading heading line) or, without one, the subject its text opens with (``UnitTable.link_names``); else its
+    title row's text (tables built from texts)."""
+    names = units.link_names or units.titles
+    out: list[str | None] = [t.strip() or None if t else None for t in names] or [None] * units.n_docs
     for r, kind in enumerate(units.kind):
         if kind == "title" and out[int(units.doc[r])] is None:
             out[int(units.doc[r])] = units.texts[r].strip() or None

@@ -18,6 +18,11 @@ rarely carry a ``title`` field, so :func:`find_title` looks, in this order, at:
    title.
 
 An ``id`` is never read as a title. :class:`FoundTitle` says which source was used (``OutputDocument.title_source``).
+
+A document with no title at all still gets a *link name* for the second stage's links between documents:
+:func:`leading_subject`, the subject its first sentence opens with (``Dark Horse Records is a record label ...`` ->
+``Dark Horse Records``). It is never shown as a title nor rendered; it only lets a sentence of another document that
+names it point here, as a title would.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ __all__ = [
     "file_stem_title",
     "find_title",
     "leading_heading",
+    "leading_subject",
 ]
 
 DEFAULT_TITLE_KEYS: tuple[str, ...] = ("title", "doc_title", "heading", "name", "source")
@@ -159,6 +165,42 @@ def _past_blank_lines(text: str, pos: int) -> int:
         if nl < 0 or text[pos:nl].strip():
             return pos
         pos = nl + 1
+
+
+_SUBJECT_END = re.compile(r"\s+(?:is|was|are|were|has|had|refers)\s|\s*[(,;:]|\s+\(")
+_NOT_A_SUBJECT = frozenset(
+    "a an the it its he she they we i you this that these those there here his her their our my your one some many "
+    "most all each in on at for after before during when while if as".split()
+)
+_NAME_PARTICLES = frozenset("of and the a an de la le du von van der den da di del y in on at for to & -".split())
+MAX_SUBJECT_WORDS = 8
+MAX_SUBJECT_CHARS = 80
+
+
+def leading_subject(text: str) -> str | None:
+    """The subject the text's first sentence opens with, as a link name for a document without a title: the words
+    before its first ``is``/``was``/``are``/``were``/``has``/``had``/``refers``, ``(``, ``,``, ``;`` or ``:``, when
+    they start with a capital letter, a digit or a quote, read as a name (every word capitalized but particles such
+    as ``of``, ``the``, ``de``, ``von``), are at most :data:`MAX_SUBJECT_WORDS` words and
+    :data:`MAX_SUBJECT_CHARS` characters, and are not a pronoun or article alone (``It``, ``The``, ``This``, ...).
+    Surrounding quotes are removed. None otherwise."""
+    head = text.lstrip()[: MAX_SUBJECT_CHARS + 40].split("\n", 1)[0]
+    m = _SUBJECT_END.search(head)
+    if m is None or m.start() == 0:
+        return None
+    subject = head[: m.start()].strip().strip("\"'“”‘’«»").strip()
+    if not subject or len(subject) > MAX_SUBJECT_CHARS or len(subject.split()) > MAX_SUBJECT_WORDS:
+        return None
+    first = subject[0]
+    if not (first.isupper() or first.isdigit()) or not _LETTER.search(subject):
+        return None
+    if subject.lower() in _NOT_A_SUBJECT or subject.split()[0].lower() in _NOT_A_SUBJECT - {"the", "a", "an"}:
+        return None
+    for word in subject.split()[1:]:  # a name: every word capitalized but the small ones ("The band": no name)
+        core = word.strip("\"'“”‘’«»()[]")
+        if core and core.lower() not in _NAME_PARTICLES and not (core[0].isupper() or core[0].isdigit()):
+            return None
+    return subject
 
 
 def find_title(doc: Document, keys: Sequence[str] = DEFAULT_TITLE_KEYS, *, from_text: bool = True) -> FoundTitle | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rag_opt.text.titles import DEFAULT_TITLE_KEYS, find_title
+from rag_opt.text.titles import DEFAULT_TITLE_KEYS, find_title, leading_subject
 from rag_opt.types import Document, UnitKind
 
 __all__ = ["UnitTable", "join_spans", "merge_spans"]
@@ -35,8 +35,10 @@ class UnitTable:
     document's text; ``-1`` for a title row, which is not part of the text), ``kind``, ``tokens`` (target-LLM
     tokens), ``candidate`` and ``texts`` (what the proxy reads). Per document (length ``n_docs``): ``titles``,
     ``title_sources`` (where each title was found: :attr:`rag_opt.text.titles.FoundTitle.label`; empty for tables
-    built from texts), ``title_tokens`` (0 for a title that is the text's own leading heading line: it is a unit of
-    the text) and ``text_tokens`` (the whole text: BPE merges across units make it differ from the sum).
+    built from texts), ``link_names`` (the name other documents' sentences link to: the title, else the subject the
+    text opens with, :func:`rag_opt.text.titles.leading_subject`; empty for tables built from texts),
+    ``title_tokens`` (0 for a title that is the text's own leading heading line: it is a unit of the text) and
+    ``text_tokens`` (the whole text: BPE merges across units make it differ from the sum).
     ``language`` is the ISO 639 code the documents were segmented with (scorers' lexical features follow it).
     Structure (None for tables without any, e.g. :meth:`from_texts`): ``parent`` (the row of the opener a row
     belongs to, -1: none), ``closer`` (an opener's closing row, -1: none) and ``comma`` (the offset of the comma
@@ -53,6 +55,7 @@ class UnitTable:
     documents: tuple[Document, ...] = ()
     titles: tuple[str | None, ...] = ()
     title_sources: tuple[str | None, ...] = ()
+    link_names: tuple[str | None, ...] = ()
     title_tokens: np.ndarray | None = None
     text_tokens: np.ndarray | None = None
     language: str = "en"
@@ -89,12 +92,14 @@ class UnitTable:
         comma: list[int] = []
         titles: list[str | None] = []
         sources: list[str | None] = []
+        links: list[str | None] = []
         title_tokens: list[int] = []
         text_tokens: list[int] = []
         for d, document in enumerate(documents):
             found = find_title(document, title_keys, from_text=title_from_text)
             titles.append(found.title if found is not None else None)
             sources.append(found.label if found is not None else None)
+            links.append(found.title if found is not None else leading_subject(document.text))
             in_text = found is not None and found.span is not None
             title = None if found is None or in_text else found.title
             title_tokens.append(count(f"{title}\n") if title else 0)
@@ -140,6 +145,7 @@ class UnitTable:
             documents=tuple(documents),
             titles=tuple(titles),
             title_sources=tuple(sources),
+            link_names=tuple(links),
             title_tokens=np.asarray(title_tokens, dtype=np.int64),
             text_tokens=np.asarray(text_tokens, dtype=np.int64),
             language=language,
