@@ -134,7 +134,8 @@ def test_the_runtime_never_imports_training_code() -> None:
         assert not bad, f"{m} imports training code: {bad}"
 
 
-_SHARED_BY_ADAPTERS = ("rag_opt.adapters.metadata", "rag_opt.adapters.options")  # helpers, not adapters
+# helpers, not adapters (gateway: a request body's context optimized, for the adapters inside a gateway)
+_SHARED_BY_ADAPTERS = ("rag_opt.adapters.metadata", "rag_opt.adapters.options", "rag_opt.adapters.gateway")
 
 
 def test_adapters_and_the_server_import_no_other_adapter() -> None:

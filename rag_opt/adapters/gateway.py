@@ -1,0 +1,324 @@
+"""The gateway side of an LLM request: its context optimized before the gateway sends it upstream, for adapters
+that receive the whole request body as a dict (:mod:`rag_opt.adapters.litellm`).
+
+:class:`RequestOptimizer` finds the context with the planners of ``rag-opt serve`` (chat completions:
+:func:`rag_opt.server.chat.plan_chat`; Anthropic messages: :func:`rag_opt.server.anthropic_messages.plan_messages`),
+so it follows the proxy's conventions (``<document>`` blocks, large tool results of the current turn, the
+``rag_opt`` extension field and the ``x-ragopt-*`` headers, a request's options over the gateway's), optimizes it
+in-process (a :class:`rag_opt.ContextOptimizer` built once, run on a worker thread within the timeout and the
+proxy's default work limits) or on a sidecar (``rag-opt serve``'s ``POST /v1/compress``), and writes the result
+back with the planner. It returns the new message part of the body (without the ``rag_opt`` field) and what
+happened as the proxy's :class:`~rag_opt.server.flow.Outcome`. Nothing is scored, selected or ordered here.
+
+Failures follow :attr:`GatewaySettings.fail_closed`: by default (fail-open) an optimizer or sidecar that fails
+(an error, the timeout, the work limits, a sidecar that cannot be reached, answers an error or fails open itself)
+leaves the request unoptimized, with a warning; fail-closed raises :class:`GatewayError` (503). An invalid
+``rag_opt`` field or ``x-ragopt-*`` header is always a :class:`GatewayError` (400), as on the proxy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from rag_opt.errors import ConfigurationError, InvalidInputError, RagOptError, WorkLimitExceeded
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.server.documents import ContextPlan
+    from rag_opt.server.engine import Job
+    from rag_opt.server.flow import Outcome
+    from rag_opt.types import OptimizeResult
+
+__all__ = ["API", "EXTENSION_FIELD", "GatewayError", "GatewaySettings", "RequestOptimizer"]
+
+logger = logging.getLogger(__name__)
+
+API = Literal["chat", "anthropic"]
+EXTENSION_FIELD = "rag_opt"  # the request's own rag-opt field: never sent upstream
+OWNED: dict[str, tuple[str, ...]] = {"chat": ("messages",), "anthropic": ("messages", "system")}  # planner-written
+_WARMUP = ("What does the guardrail load at start-up?", ["It loads its model at start-up. Then requests are fast."])
+
+
+class GatewayError(RagOptError, RuntimeError):
+    """A request refused: an invalid ``rag_opt`` field or ``x-ragopt-*`` header (4xx), or an optimization that
+    failed under ``fail_closed`` (503). ``status_code``, ``message``, ``type``, ``param`` and ``code`` are the
+    fields of an OpenAI-style error (LiteLLM builds its answer from them)."""
+
+    def __init__(self, message: str, status_code: int, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.code = code
+        self.param = param
+        self.type = "invalid_request_error" if status_code < 500 else "service_unavailable"
+
+
+class GatewaySettings(BaseModel):
+    """Where and how the context is optimized; a request's ``rag_opt`` field and headers override the budget,
+    ordering and language."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["in_process", "sidecar"] = Field(
+        default="in_process", description="in_process: a ContextOptimizer in this process; sidecar: rag-opt serve"
+    )
+    sidecar_url: str | None = Field(default=None, description="rag-opt serve's base URL, e.g. http://127.0.0.1:8000")
+    sidecar_api_key: SecretStr | None = Field(default=None, description="its --api-key; os.environ/NAME reads NAME")
+    ratio: float | None = Field(default=None, description="fraction of context tokens to keep (default 0.5)")
+    target_tokens: int | None = Field(default=None, description="context tokens to keep")
+    threshold: float | None = Field(default=None, description="keep units at least this likely relevant")
+    ordering: str = Field(default="input", description="document ordering")
+    target: str | None = Field(default=None, description="tokenizer of the upstream LLM: budgets count in it")
+    language: str | None = Field(default=None, description="ISO 639 code of the documents' language")
+    tier: Literal["auto", "model", "lexical"] = Field(default="auto", description="the scoring tier")
+    fail_closed: bool = Field(default=False, description="refuse the request when the optimization fails")
+    timeout: float = Field(default=30.0, gt=0, description="seconds for one optimization (one sidecar call)")
+    document_tag: str = Field(default="document", description="context documents are <TAG ...>...</TAG> blocks")
+    tool_messages: bool = Field(default=True, description="optimize large tool results of the current turn")
+    tool_min_chars: int = Field(default=2000, ge=1, description="a tool result is context from this many chars")
+    max_concurrency: int = Field(default=1, ge=1, description="in-process optimizations running at once")
+    warmup: bool = Field(default=True, description="in-process: load the proxy model at start, in the background")
+    optimizer: dict[str, Any] = Field(default_factory=dict, description="in-process ContextOptimizer options")
+
+    @field_validator("sidecar_api_key", mode="before")
+    @classmethod
+    def _env(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.startswith("os.environ/"):
+            name = v.removeprefix("os.environ/")
+            if not os.environ.get(name):
+                raise ValueError(f"the environment variable {name} is not set")
+            return os.environ[name]
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GatewaySettings:
+        from rag_opt.text.language import check_language
+        from rag_opt.types import Budget, check_ordering
+
+        try:
+            Budget(ratio=self.ratio, target_tokens=self.target_tokens, threshold=self.threshold)
+            check_ordering(self.ordering)
+            if self.language is not None:
+                check_language(self.language)
+        except InvalidInputError as exc:
+            raise ValueError(str(exc)) from None
+        if self.backend == "sidecar" and not self.sidecar_url:
+            raise ValueError("backend: sidecar needs sidecar_url (rag-opt serve's URL, e.g. http://127.0.0.1:8000)")
+        if self.backend == "sidecar" and self.optimizer:
+            names = ", ".join(sorted(self.optimizer))
+            raise ValueError(f"{names}: in-process options; with backend: sidecar, rag-opt serve's flags set them")
+        if self.backend == "in_process" and self.sidecar_url:
+            raise ValueError("sidecar_url is for backend: sidecar (set backend: sidecar, or remove it)")
+        return self
+
+
+class RequestOptimizer:
+    """Optimizes the context of request bodies (see the module docstring); one per gateway configuration."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        from rag_opt.server.settings import ProxySettings
+
+        self.settings = s = settings
+        # the planners read only where context is found; the upstream is the gateway's, not rag-opt's
+        self._planner_settings = ProxySettings(
+            upstream="http://gateway.invalid/v1",
+            document_tag=s.document_tag,
+            tool_messages=s.tool_messages,
+            tool_min_chars=s.tool_min_chars,
+        )
+        self._optimizer: Any = None
+        self._ready = threading.Event()
+        self._limiter: Any = None
+        self._client: Any = None
+        if s.backend == "in_process":
+            from rag_opt.pipeline import ContextOptimizer
+
+            options = {k: v for k, v in (("language", s.language), ("target", s.target)) if v is not None}
+            try:  # (cheap: the proxy model loads on first use)
+                self._optimizer = ContextOptimizer(**{**options, **s.optimizer})
+            except (TypeError, ValueError) as exc:
+                raise ConfigurationError(f"the in-process optimizer's options: {exc}") from None
+            if s.warmup:
+                threading.Thread(target=self._warm, name="rag-opt-warmup", daemon=True).start()
+                return
+        self._ready.set()
+
+    def _warm(self) -> None:
+        """Load the proxy model (one small optimization); requests wait for it, within their timeout."""
+        try:
+            self._optimizer.optimize(_WARMUP[0], _WARMUP[1], ratio=0.5)
+        except Exception as exc:  # requests try again, and fail open or closed
+            logger.warning("rag-opt: loading the proxy model failed (%s: %s)", type(exc).__name__, exc)
+        finally:
+            self._ready.set()
+
+    async def rewrite(
+        self, api: API, data: Mapping[str, Any], headers: Mapping[str, str]
+    ) -> tuple[Outcome, dict[str, Any] | None]:
+        """The outcome for the request ``data`` (its ``x-ragopt-*`` ``headers``) and the new values of its
+        planner-written members (:data:`OWNED`; None: unchanged). Raises :class:`GatewayError` for an invalid
+        request, or a failed optimization under ``fail_closed``."""
+        from rag_opt.server.errors import RequestError
+        from rag_opt.server.flow import Outcome
+        from rag_opt.server.pool import off_loop
+
+        planner = _planner(api)
+        try:
+            raw = json.dumps({k: data[k] for k in (*OWNED[api], EXTENSION_FIELD) if k in data}).encode()
+            plan = await off_loop(len(raw), lambda: planner(raw, headers, self._planner_settings))
+        except RequestError as exc:
+            raise GatewayError(f"rag-opt: {exc.message}", exc.status, exc.code, exc.param) from None
+        except Exception as exc:  # a body rag-opt cannot read is not the client's fault: not a 400
+            self._refuse_if_closed(reason := f"error: {type(exc).__name__}")
+            logger.warning("rag-opt: finding the context failed (%s); not optimizing", reason)
+            return Outcome("fail_open", reason=reason), None
+        if not plan.options.enabled or not plan.documents or plan.query is None:
+            status = "disabled" if not plan.options.enabled else "no_context" if not plan.documents else "no_query"
+            return Outcome(status), await _render(plan, None)
+        job = self._job(plan)
+        t0 = time.perf_counter()
+        try:
+            result, status = await (self._sidecar(job) if self.settings.backend == "sidecar" else self._in_process(job))
+        except Exception as exc:
+            self._refuse_if_closed(reason := _reason(exc))
+            logger.warning("rag-opt: optimization failed (%s); forwarding the request unoptimized", reason)
+            return Outcome("fail_open", optimizer_ms=_ms(t0), reason=reason), await _render(plan, None)
+        body = await _render(plan, result)
+        outcome = Outcome(status, result.tokens_before, result.tokens_after, _ms(t0), over_budget=result.over_budget)
+        logger.info("rag-opt: %s, %d -> %d context tokens", status, result.tokens_before, result.tokens_after)
+        return (outcome.read_by_model(result) if status == "optimized" else outcome), body
+
+    def _refuse_if_closed(self, reason: str) -> None:
+        if self.settings.fail_closed:
+            message = f"rag-opt could not optimize the context ({reason}) and is configured fail-closed"
+            raise GatewayError(message, 503, "ragopt_unavailable") from None
+
+    def _job(self, plan: ContextPlan) -> Job:
+        from rag_opt.server.engine import Job
+        from rag_opt.types import DEFAULT_RATIO, Budget
+
+        s, options = self.settings, plan.options
+        budget = options.budget or Budget(ratio=s.ratio, target_tokens=s.target_tokens, threshold=s.threshold)
+        budget = budget if budget.compresses else Budget(ratio=DEFAULT_RATIO)
+        assert plan.query is not None
+        documents = plan.optimizer_documents()
+        language = options.language or s.language
+        return Job(plan.query, documents, budget, options.ordering or s.ordering, language, s.target, s.tier)
+
+    async def _in_process(self, job: Job) -> tuple[OptimizeResult, str]:
+        """Optimize on a worker thread within the timeout (and the work limits ``rag-opt serve`` defaults to)."""
+        import anyio
+        import anyio.to_thread
+
+        from rag_opt.server.settings import ProxySettings
+        from rag_opt.work import WorkLimits, scope
+
+        fields = ProxySettings.model_fields
+        limits = WorkLimits(*(fields[k].default for k in ("max_units", "max_proxy_tokens", "max_question_tokens")))
+        cancel = threading.Event()
+        optimizer, settings = self._optimizer, job.settings()
+        if job.tier == "lexical":
+            settings["tier"] = "lexical"
+
+        def work() -> OptimizeResult:
+            self._ready.wait()  # the proxy model loading at start-up
+            with scope(limits=limits, cancel=cancel):
+                result: OptimizeResult = optimizer.optimize(job.query, job.documents, **settings)
+                return result
+
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self.settings.max_concurrency)
+        try:
+            with anyio.fail_after(self.settings.timeout):
+                result = await anyio.to_thread.run_sync(work, limiter=self._limiter, abandon_on_cancel=True)
+        finally:
+            cancel.set()  # a run left behind by the timeout stops at its next checkpoint
+        return result, "optimized_lexical" if result.tier == "lexical" else "optimized"
+
+    async def _sidecar(self, job: Job) -> tuple[OptimizeResult, str]:
+        """One call of the sidecar's ``POST /v1/compress``; raises ``_SidecarFailed`` when it gives no result."""
+        import httpx
+
+        from rag_opt.types import OptimizeResult, OutputDocument
+
+        s = self.settings
+        docs = [{k: d[k] for k in ("text", "title") if d.get(k) is not None} for d in job.documents]
+        body: dict[str, Any] = {"question": job.query, "documents": docs, "ordering": job.ordering, "tier": job.tier}
+        body.update({k: v for k, v in (("language", job.language), ("target", job.target)) if v is not None})
+        body.update(job.budget.as_kwargs())
+        key = s.sidecar_api_key
+        headers = {"authorization": f"Bearer {key.get_secret_value()}"} if key is not None else {}
+        if self._client is None:
+            self._client = httpx.AsyncClient(base_url=str(s.sidecar_url).rstrip("/"), timeout=s.timeout)
+        try:
+            response = await self._client.post("/v1/compress", json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            raise _SidecarFailed(f"sidecar unreachable: {type(exc).__name__}") from None
+        if response.status_code != 200:
+            raise _SidecarFailed(f"sidecar answered HTTP {response.status_code}")
+        data = response.json()
+        if data["status"] == "fail_open":
+            raise _SidecarFailed(f"sidecar failed open: {data.get('reason')}")
+        fields = ("id", "index", "text", "title", "kept_spans")
+        kept = [OutputDocument(**{k: d[k] for k in fields}) for d in data["documents"]]
+        dropped = sorted(set(range(len(docs))) - {d.index for d in kept})
+        for i in [i for i in dropped if job.documents[i].get("required")]:  # the proxy's contract: never emptied
+            kept.append(OutputDocument(id=str(i), index=i, text=job.documents[i]["text"]))
+            dropped.remove(i)
+        result = OptimizeResult(
+            query=job.query,
+            documents=kept,
+            dropped=[OutputDocument(id=str(i), index=i, text="") for i in dropped],
+            tokens_before=data["tokens_before"],
+            tokens_after=data["tokens_after"],
+            target_tokenizer=data.get("target_tokenizer") or "",
+            scorer="sidecar",
+        )
+        return result, str(data["status"])
+
+    async def aclose(self) -> None:
+        """Close the sidecar client."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+class _SidecarFailed(RagOptError, RuntimeError):
+    """The sidecar gave no result (unreachable, an error answer, or it failed open itself)."""
+
+
+def _planner(api: API) -> Any:
+    if api == "anthropic":
+        from rag_opt.server.anthropic_messages import plan_messages
+
+        return plan_messages
+    from rag_opt.server.chat import plan_chat
+
+    return plan_chat
+
+
+async def _render(plan: ContextPlan, result: OptimizeResult | None) -> dict[str, Any] | None:
+    """The planner-written part of the new body (None: the request is unchanged)."""
+    from rag_opt.server.pool import off_loop
+
+    out = await off_loop(len(plan.raw), lambda: plan.render(result))
+    return None if out is plan.raw else dict(json.loads(out))
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, WorkLimitExceeded):
+        return "limit"
+    return str(exc) if isinstance(exc, _SidecarFailed) else f"error: {type(exc).__name__}"
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1e3
