@@ -20,6 +20,12 @@ their API's shape: ``error-400`` / ``error-500`` as above (Anthropic's error sha
 as that API's server-sent events with the text ``Hel`` + ``lo`` (``gated`` as above, after the ``Hel`` event),
 otherwise a message / response whose text is ``ok``.
 
+The Gemini API (``/v1beta/...`` and ``/v1/models/{model}:{method}``) answers in its shape, by the model the path
+names: ``error-400`` / ``error-500`` a Google-shaped error; ``:generateContent`` a response whose text is ``ok``;
+``:streamGenerateContent`` with ``alt=sse`` the events ``Hel`` + ``lo`` (``data: {...}`` and CRLF, as Google sends
+them), without it one JSON array sent as ``application/json`` in two halves (``gated`` as above, after the
+first); ``:countTokens`` ``{"totalTokens": 3}``; ``GET /v1beta/models`` a model list; another path a 404.
+
 Also ``GET /v1/models``, ``POST /v1/embeddings`` and ``POST /v1/completions``. :class:`ServerThread` runs any
 ASGI app under uvicorn on 127.0.0.1 in a background thread.
 """
@@ -164,6 +170,23 @@ APIS: dict[str, tuple[Any, Any, Any, Any]] = {
     ),
 }
 ERROR_500 = {"error": {"message": "upstream broke", "type": "server_error", "param": None, "code": None}}
+GOOGLE_400 = {"error": {"code": 400, "message": "bad thing", "status": "INVALID_ARGUMENT"}}
+GOOGLE_500 = {"error": {"code": 500, "message": "upstream broke", "status": "INTERNAL"}}
+
+
+def _gemini(text: str, finish: bool = True) -> dict[str, Any]:
+    """A Gemini GenerateContentResponse (or one chunk of a stream) whose text is ``text``."""
+    candidate: dict[str, Any] = {"content": {"parts": [{"text": text}], "role": "model"}, "index": 0}
+    if finish:
+        candidate["finishReason"] = "STOP"
+    usage = {"promptTokenCount": 1, "candidatesTokenCount": 1, "totalTokenCount": 2}
+    return {"candidates": [candidate], "usageMetadata": usage, "modelVersion": "fake-gemini", "responseId": "r-1"}
+
+
+def _is_gemini(path: str) -> bool:
+    return path.startswith("/v1beta/") or (path.startswith("/v1/models/") and ":" in path.rsplit("/", 1)[-1])
+
+
 STREAM_ERROR = {"error": {"message": "upstream exploded mid-stream", "type": "server_error", "code": "boom"}}
 
 
@@ -223,6 +246,8 @@ class FakeUpstream:
             )  # noqa: E501
         if path in APIS and scope["method"] == "POST":
             return await self._api(path, json.loads(body), send)
+        if _is_gemini(path):
+            return await self._gemini(path, scope["query_string"], send)
         if path != "/v1/chat/completions":
             return await self._json(
                 send, 404, {"error": {"message": f"no route {path}", "type": "invalid_request_error"}}
@@ -291,6 +316,40 @@ class FakeUpstream:
         for chunk in head:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         if model == "gated":
+            self.gate_released = await anyio.to_thread.run_sync(self.gate.wait, 20.0)
+        for chunk in tail:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _gemini(self, path: str, query: bytes, send: Any) -> None:
+        """Answer a Gemini API request in its shape (see the module docstring)."""
+        name, _, method = path.rsplit("/", 1)[-1].partition(":")
+        if path == "/v1beta/models":
+            return await self._json(send, 200, {"models": [{"name": "models/fake-gemini"}]})
+        if name in ("error-400", "error-500"):
+            return await self._json(
+                send, 400 if name == "error-400" else 500, GOOGLE_400 if "400" in name else GOOGLE_500
+            )
+        if method == "generateContent":
+            return await self._json(send, 200, _gemini("ok"))
+        if method == "countTokens":
+            return await self._json(send, 200, {"totalTokens": 3})
+        if method != "streamGenerateContent":
+            return await self._json(send, 404, {"error": {"code": 404, "message": "no route", "status": "NOT_FOUND"}})
+        sse = b"alt=sse" in query.split(b"&")
+        first, last = _gemini("Hel", finish=False), _gemini("lo")
+        if sse:
+            head, tail = (
+                [b"data: " + json.dumps(first).encode() + b"\r\n\r\n"],
+                [b"data: " + json.dumps(last).encode() + b"\r\n\r\n"],
+            )
+        else:  # one JSON array, streamed as Google streams it
+            head, tail = [b"[" + json.dumps(first).encode()], [b"\n,\r\n" + json.dumps(last).encode() + b"]"]
+        ctype = b"text/event-stream" if sse else b"application/json"
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", ctype)]})
+        for chunk in head:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if name == "gated":
             self.gate_released = await anyio.to_thread.run_sync(self.gate.wait, 20.0)
         for chunk in tail:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
@@ -377,14 +436,21 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 @contextmanager
 def serve_proxy(upstream_url: str, optimizer: Any, **settings: Any) -> Iterator[tuple[str, Any]]:
-    """Run the proxy app in front of ``upstream_url`` with the serving options of ``rag-opt serve`` (uvicorn,
-    127.0.0.1); yields (url, ProxyState). The time budget is a day: a test of optimization never depends on the
-    machine's speed (tests of the budget itself use :class:`BudgetClock`)."""
+    """Run the proxy app in front of ``upstream_url`` (for ``--upstream`` and ``--gemini-upstream``) with the
+    serving options of ``rag-opt serve`` (uvicorn, 127.0.0.1); yields (url, ProxyState). The time budget is a day:
+    a test of optimization never depends on the machine's speed (tests of the budget itself use
+    :class:`BudgetClock`)."""
     from rag_opt.server.app import create_app
     from rag_opt.server.http import uvicorn_options
     from rag_opt.server.settings import ProxySettings
 
-    values = {"upstream": f"{upstream_url}/v1", "time_budget_ms": UNLIMITED_MS, "warmup": False, "tool_min_chars": 300}
+    values = {
+        "upstream": f"{upstream_url}/v1",
+        "gemini_upstream": upstream_url,  # the Gemini API's paths go to the same loopback server, never to Google
+        "time_budget_ms": UNLIMITED_MS,
+        "warmup": False,
+        "tool_min_chars": 300,
+    }
     proxy_settings = ProxySettings(**{**values, **settings})
     app = create_app(proxy_settings, optimizer=optimizer)
     with ServerThread(app, **uvicorn_options(proxy_settings, app.state.ragopt.metrics)) as server:

@@ -23,7 +23,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "serve",
         help="OpenAI-compatible proxy: optimize the context of chat requests, forward them upstream",
-        description="OpenAI-compatible HTTP proxy (needs the server extra). Every option can also be set by "
+        description="HTTP proxy for the OpenAI chat completions and Responses, Anthropic Messages and Gemini "
+        "generateContent APIs (needs the server extra): /v1/... goes to --upstream, the Gemini API's paths "
+        "(/v1beta/..., /v1/models/MODEL:generateContent) to --gemini-upstream. Every option can also be set by "
         "the environment variable RAG_OPT_<OPTION> (e.g. RAG_OPT_UPSTREAM, RAG_OPT_RATIO, RAG_OPT_UPSTREAM_API_KEY); "
         "the command line wins.",
     )
@@ -53,7 +55,8 @@ def _serve(args: argparse.Namespace) -> int:
     logging.getLogger("rag_opt").setLevel(min(logging.getLogger().getEffectiveLevel(), logging.INFO))
     budget = ", ".join(f"{k}={v}" for k, v in settings.budget.as_kwargs().items() if v is not None)
     print(
-        f"rag-opt proxy on http://{settings.host}:{settings.port}/v1 -> {redact_url(settings.upstream)} ({budget}, "
+        f"rag-opt proxy on http://{settings.host}:{settings.port}/v1 -> {redact_url(settings.upstream)}, /v1beta "
+        f"(Gemini) -> {redact_url(settings.gemini_upstream)} ({budget}, "
         f"ordering={settings.ordering}, time budget {settings.time_budget_ms:.0f} ms, "
         f"{settings.max_concurrency} worker(s), queue {settings.queue_bound}, on overload {settings.on_overload}, "
         f"proxy key {'required' if settings.api_key is not None else 'off'})",
@@ -62,7 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.host not in _LOOPBACK and settings.api_key is None:
         logger.warning(
             "listening on %s without --api-key: anyone who can reach this port can send requests through it "
-            "(with your --upstream-api-key, if set)",
+            "(with your --upstream-api-key and --gemini-upstream-api-key, if set)",
             settings.host,
         )
     if settings.host not in _LOOPBACK and settings.allowed_hosts is None:

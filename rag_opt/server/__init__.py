@@ -1,12 +1,14 @@
-"""The HTTP proxy: optimizes the retrieved context inside OpenAI chat completions, Anthropic messages and OpenAI
-responses requests and forwards them upstream; ``POST /v1/compress`` optimizes documents for a gateway.
+"""The HTTP proxy: optimizes the retrieved context inside OpenAI chat completions, Anthropic messages, OpenAI
+responses and Gemini generateContent requests and forwards them upstream; ``POST /v1/compress`` optimizes
+documents for a gateway.
 
 ``rag-opt serve --upstream URL`` runs it; :func:`create_app` builds the ASGI app from :class:`ProxySettings`
 (needs the ``server`` extra: ``pip install -e '.[server]'`` from the checkout). Nothing heavy is imported until used.
 
 Modules: :mod:`.app` (the ASGI app and its lifecycle), :mod:`.flow` (the flow shared by the LLM API routes:
-find the context, optimize it, write it back, forward), :mod:`.chat`, :mod:`.anthropic_messages` and
-:mod:`.responses` (each API's context), :mod:`.compress` (``POST /v1/compress``, the compress-only sidecar),
+find the context, optimize it, write it back, forward), :mod:`.chat`, :mod:`.anthropic_messages`,
+:mod:`.responses` and :mod:`.gemini` (each API's context), :mod:`.compress` (``POST /v1/compress``, the
+compress-only sidecar),
 :mod:`.engine` (which tier optimizes a request, for every route: the pool, the lexical tier, fail-open),
 :mod:`.request` (reading a request and its per-request options), :mod:`.documents` (the context inside the
 messages, and writing it back), :mod:`.markup` (finding document blocks in linear time),

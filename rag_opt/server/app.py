@@ -1,18 +1,23 @@
 """The OpenAI-compatible proxy as an ASGI app (Starlette): ``create_app(settings, optimizer=None)``.
 
 ``POST /v1/chat/completions`` (:mod:`rag_opt.server.chat`), ``POST /v1/messages`` (the Anthropic Messages API,
-:mod:`rag_opt.server.anthropic_messages`) and ``POST /v1/responses`` (the OpenAI Responses API,
-:mod:`rag_opt.server.responses`) have their context optimized (:mod:`rag_opt.server.flow`, its tiers in
+:mod:`rag_opt.server.anthropic_messages`), ``POST /v1/responses`` (the OpenAI Responses API,
+:mod:`rag_opt.server.responses`) and ``POST /v1beta/models/{model}:generateContent`` / ``:streamGenerateContent``
+(the Gemini API, :mod:`rag_opt.server.gemini`; also under ``tunedModels/`` and ``/v1``:
+:func:`rag_opt.server.paths.gemini_route`) have their context optimized (:mod:`rag_opt.server.flow`, its tiers in
 :mod:`rag_opt.server.engine`) and are forwarded; ``POST /v1/compress`` answers optimized documents as JSON
 (:mod:`rag_opt.server.compress`, through the same engine; its schema at ``GET /v1/compress/schema``); every other
-``/v1/...`` request is forwarded unchanged (:mod:`rag_opt.server.upstream`); ``GET /livez`` (the process is up),
+``/v1/...`` request is forwarded unchanged to ``--upstream``, and every other ``/v1beta/...`` request (and the
+other model methods of Gemini's v1 API, ``/v1/models/{model}:countTokens``...) to ``--gemini-upstream``
+(:mod:`rag_opt.server.upstream`); ``GET /livez`` (the process is up),
 ``GET /readyz`` and ``GET /health`` (503 until the proxy model has loaded or pass-through mode is settled),
 ``GET /healthz`` (always 200, with the optimizer's state), ``GET /metrics`` (Prometheus) and ``GET /stats`` (JSON
 totals) answer locally. No
 redirect is ever built from the client's ``Host``: a path with a trailing slash is refused, not redirected; and
 the optimized paths and ``/v1/compress`` take ``POST`` only, ``/v1/compress/schema`` ``GET`` only (another method is a
 405, never forwarded unvalidated). rag-opt's own
-error answers are OpenAI-style, except on ``/v1/messages``: Anthropic's shape.
+error answers are OpenAI-style, except on ``/v1/messages`` (Anthropic's shape) and on the Gemini API's paths
+(Google's shape: :func:`rag_opt.server.paths.error_format`).
 
 Reliability: optimization runs on a bounded worker pool with a bounded queue (:mod:`rag_opt.server.pool`), never
 on the event loop; a request that fails, exceeds the time budget or finds the optimizer overloaded is forwarded
@@ -48,9 +53,18 @@ from rag_opt.server.compress import COMPRESS_PATH, SCHEMA_PATH, Compressor, comp
 from rag_opt.server.engine import Engine
 from rag_opt.server.errors import BodyTooLarge, error_response
 from rag_opt.server.flow import ContextFlow
+from rag_opt.server.gemini import GeminiContent
 from rag_opt.server.logs import RepeatLimiter, limit_repeats
 from rag_opt.server.metrics import CONTENT_TYPE
-from rag_opt.server.paths import CHAT_PATH, MESSAGES_PATH, OPTIMIZED_PATHS, RESPONSES_PATH, error_format
+from rag_opt.server.paths import (
+    CHAT_PATH,
+    GEMINI_PREFIX,
+    MESSAGES_PATH,
+    OPTIMIZED_PATHS,
+    RESPONSES_PATH,
+    error_format,
+    gemini_route,
+)
 from rag_opt.server.responses import Responses
 from rag_opt.server.security import Guard, body_for_log, body_log, install_log_filters, redact_headers, too_large_body
 from rag_opt.server.settings import ProxySettings
@@ -137,10 +151,14 @@ async def _guarded(
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    fmt = error_format(request.url.path)
     if exc.status_code == 404:
-        msg = "unknown path: rag-opt serves /v1/..., /livez, /readyz, /health, /healthz, /metrics and /stats"
-        return error_response(404, msg, "invalid_request_error", "not_found")
-    return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None)
+        msg = (
+            "unknown path: rag-opt serves /v1/..., /v1beta/... (the Gemini API), /livez, /readyz, /health, "
+            "/healthz, /metrics and /stats"
+        )
+        return error_response(404, msg, "invalid_request_error", "not_found", fmt=fmt)
+    return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None, fmt=fmt)
 
 
 def _innermost(exc: BaseException) -> BaseException:
@@ -189,6 +207,7 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
         MESSAGES_PATH: ("messages", AnthropicMessages(state, engine)),
         RESPONSES_PATH: ("responses", Responses(state, engine)),
     }
+    gemini = GeminiContent(state, engine)  # its paths name the model: found by gemini_route
     compressor = Compressor(state, engine)
     local_methods = {  # never forwarded
         **dict.fromkeys(OPTIMIZED_PATHS, "POST"),
@@ -223,10 +242,15 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
         return Response(await anyio.to_thread.run_sync(state.metrics.stats_json), media_type="application/json")
 
     async def passthrough(request: Request) -> Response:
+        """An optimized Gemini route, a 405 for another method on a local route, or forwarded unchanged (to
+        --gemini-upstream on the Gemini API's paths, its errors in Google's shape; else to --upstream)."""
         path = request.scope["path"]
-        if path in local_methods:  # another method: never forwarded unvalidated
+        label = gemini_route(path)
+        if label is not None and request.method == "POST":
+            return await _guarded(state, request, label, lambda raw: gemini.handle(request, raw))
+        if path in local_methods or label is not None:  # another method: never forwarded unvalidated
             state.metrics.local_error("invalid_request")
-            allow = local_methods[path]
+            allow = local_methods.get(path, "POST")
             return error_response(
                 405,
                 f"{path} takes {allow} requests only",
@@ -262,6 +286,7 @@ def create_app(settings: ProxySettings, optimizer: Optimizer | None = None) -> S
         Route(COMPRESS_PATH, compress, methods=["POST"]),
         Route(SCHEMA_PATH, compress_schema_route, methods=["GET"]),
         Route("/v1/{path:path}", passthrough, methods=_METHODS),
+        Route(GEMINI_PREFIX + "/{path:path}", passthrough, methods=_METHODS),
     ]
     key = settings.api_key.get_secret_value() if settings.api_key is not None else None
     guard = Middleware(

@@ -1,7 +1,7 @@
 """The flow of every optimized route: validate, find the context, optimize it on the worker pool, write it back
 in place, forward the request upstream. A route (:mod:`rag_opt.server.chat`, :mod:`rag_opt.server.anthropic_messages`,
-:mod:`rag_opt.server.responses`) gives its :data:`Planner`, which reads its API's body and finds the context,
-and the shape of its error answers; everything below is the same for all of them.
+:mod:`rag_opt.server.responses`, :mod:`rag_opt.server.gemini`) gives its :data:`Planner`, which reads its API's
+body and finds the context, and the shape of its error answers; everything below is the same for all of them.
 
 Which tier optimizes the context is :class:`rag_opt.server.engine.Engine`'s (shared with ``/v1/compress``): the
 proxy model on the worker pool (micro-batched, within the time budget, bounded by ``--max-documents`` and the work
@@ -12,9 +12,10 @@ load all forward the request unoptimized (fail-open). Only an invalid request is
 route's error shape), and an overloaded pool with ``--on-overload reject`` (a 429 with ``Retry-After``). What
 happened is told by the ``x-ragopt-*`` response headers (:class:`Outcome`; ``x-ragopt-over-budget``: the tokens
 kept over the budget, when a unit too large for it was kept whole rather than empty a message) and counted in the
-metrics (the per-model totals of ``/stats`` by the request's ``model``). When the proxy model read the context,
-``x-ragopt-encoding`` says how, and under parallel encoding ``x-ragopt-cache-hits`` / ``x-ragopt-cache-misses``
-how many document blocks came from the encoding cache and how many this request encoded.
+metrics (the per-model totals of ``/stats`` by the request's model: :meth:`ContextFlow.model_of`). When the
+proxy model read the context, ``x-ragopt-encoding`` says how, and under parallel encoding ``x-ragopt-cache-hits``
+/ ``x-ragopt-cache-misses`` how many document blocks came from the encoding cache and how many this request
+encoded.
 
 Per-request options (budget, ordering, ``language``, placement) come from the ``x-ragopt-*`` headers and the
 ``rag_opt`` field on every route (:mod:`rag_opt.server.request`). A body sent with ``Content-Encoding: gzip`` or
@@ -137,6 +138,12 @@ class ContextFlow:
             request, body, outcome.headers(), drop, fmt=self.fmt, key_header=self.key_header
         )
 
+    def model_of(self, request: Request, plan: ContextPlan) -> str | None:
+        """The request's model, for the per-model totals of ``/stats``: the body's ``model`` (a route whose API
+        names it elsewhere, e.g. in the path, says so here)."""
+        model = plan.body.get("model")
+        return model if isinstance(model, str) else None
+
     def _refused(self, exc: RequestError) -> Response:
         """The answer to an invalid request (not forwarded), in the route's error shape."""
         self.state.metrics.outcome("rejected")
@@ -177,9 +184,9 @@ class ContextFlow:
             return overloaded_response(exc, s.time_budget_ms, self.fmt)
         if attempt.result is None:
             return await self._unoptimized(plan, attempt)
-        return await self._written(plan, attempt)
+        return await self._written(plan, attempt, self.model_of(request, plan))
 
-    async def _written(self, plan: ContextPlan, attempt: Attempt) -> tuple[bytes, Outcome]:
+    async def _written(self, plan: ContextPlan, attempt: Attempt, model: str | None) -> tuple[bytes, Outcome]:
         """The request body with the result written back, and its outcome (by the tier that scored it)."""
         state, result = self.state, attempt.result
         assert result is not None
@@ -188,8 +195,7 @@ class ContextFlow:
         except Exception as exc:
             logger.warning("writing the optimized context back failed (%s); forwarding unchanged", state.why(exc))
             return await self._unoptimized(plan, self.engine.failed("error", attempt.t0))
-        model = plan.body.get("model")
-        ms = self.engine.record(attempt, len(plan.documents), model if isinstance(model, str) else None)
+        ms = self.engine.record(attempt, len(plan.documents), model)
         lexical = attempt.tier == "lexical"
         status = "optimized_lexical" if lexical else "optimized"
         outcome = Outcome(status, result.tokens_before, result.tokens_after, ms, attempt.reason if lexical else None)

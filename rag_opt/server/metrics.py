@@ -61,8 +61,9 @@ __all__ = [
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"  # what generate_latest writes
 
-ROUTES = ("chat_completions", "messages", "responses", "compress", "passthrough")  # others appear on first use
-# outcomes of a request of an LLM API route (chat completions, messages, responses; also the x-ragopt-status
+_LLM_ROUTES = ("chat_completions", "messages", "responses", "gemini_generate_content", "gemini_stream_generate_content")
+ROUTES = (*_LLM_ROUTES, "compress", "passthrough")  # others appear on first use
+# outcomes of a request of an LLM API route (chat completions, messages, responses, Gemini; also the x-ragopt-status
 # response header); "overloaded" = answered 429
 # "optimized_lexical" = optimized by the lexical tier (x-ragopt-status: optimized_lexical, the same spelling)
 OUTCOMES = (

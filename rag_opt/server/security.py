@@ -2,8 +2,11 @@
 redaction used by ``--log-bodies``.
 
 The proxy key (``--api-key`` / ``RAG_OPT_API_KEY``, at least :data:`~rag_opt.server.settings.MIN_PROXY_KEY_CHARS`
-characters) is accepted as ``X-RagOpt-Api-Key: <key>`` or as ``Authorization: Bearer <key>`` and compared in
-constant time (:func:`hmac.compare_digest`). It never reaches the upstream: ``X-RagOpt-Api-Key`` is always
+characters) is accepted as ``X-RagOpt-Api-Key: <key>`` or as ``Authorization: Bearer <key>``, and on the Gemini
+API's paths (:func:`rag_opt.server.paths.is_gemini_path`) also as ``x-goog-api-key: <key>`` or ``?key=<key>``,
+where the Gemini SDK sends its ``api_key`` (so a client holding only the proxy key needs no other header; the
+Gemini key is then the proxy's ``--gemini-upstream-api-key``); each is compared in constant time
+(:func:`hmac.compare_digest`). It never reaches the upstream: ``X-RagOpt-Api-Key`` is always
 removed, and so is every other header that carries the proxy key anywhere in its name or value — as it is,
 percent-encoded, in hexadecimal or in base64 (standard or URL-safe, padded or not, at any offset: ``Basic``
 credentials, ``Authorization: Token <key>``, ``Bearer<TAB><key>``, ``api-key: <key>``...) — and every query
@@ -18,10 +21,12 @@ pattern) is answered 400 and its connection closed, and, except on the probes, o
 does not answer to or that a browser sent cross-origin is answered 403 (:mod:`rag_opt.server.browser`: DNS
 rebinding, CSRF). After the key check, a body declared as anything but JSON on a JSON route is a 415.
 
-Credentials are never logged: the access log has the method, the path without its query string, the status and
-the time (a path cut at 200 characters); request and response bodies are logged only with ``--log-bodies``,
-and then through :func:`redact`, their headers through :func:`redact_headers` (every header named like a
-credential: ``*key*``, ``*token*``, ``*auth*``, ``*secret*``, ``*session*``...).
+Credentials are never logged: the access log has the method, the path without its query string (where
+``?key=`` travels), the status and the time (a path cut at 200 characters); request and response bodies are
+logged only with ``--log-bodies``, and then through :func:`redact` (which also blanks credential query
+parameters such as ``key=``, ``api_key=`` and ``access_token=`` in any URL it holds), their headers through
+:func:`redact_headers` (every header named like a credential: ``*key*`` — ``x-goog-api-key`` too —,
+``*token*``, ``*auth*``, ``*secret*``, ``*session*``...).
 """
 
 from __future__ import annotations
@@ -41,9 +46,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from rag_opt.server.browser import HostPolicy, check_browser, check_content_type
 from rag_opt.server.errors import ErrorFormat, RequestError, error_json
 from rag_opt.server.metrics import Metrics
-from rag_opt.server.paths import JSON_PATHS, check_path, error_format
+from rag_opt.server.paths import check_path, error_format, is_gemini_path, takes_json
 
 __all__ = [
+    "GOOGLE_KEY_HEADER",
     "KEY_HEADER",
     "LOG_BODY_LIMIT",
     "LOG_PATH_LIMIT",
@@ -63,6 +69,7 @@ access_log = logging.getLogger("rag_opt.server.access")
 body_log = logging.getLogger("rag_opt.server.bodies")
 
 KEY_HEADER = b"x-ragopt-api-key"
+GOOGLE_KEY_HEADER = b"x-goog-api-key"  # where the Gemini SDK sends its api_key (also ?key=)
 OPEN_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/health"})
 LOG_PATH_LIMIT = 200  # characters of a path in the access log
 SENSITIVE_HEADERS = frozenset(
@@ -89,16 +96,23 @@ _JSON_SECRET = re.compile(
 )
 _BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
 _KEY_LIKE = re.compile(r"\b(sk|pk|rk|sess)-[A-Za-z0-9_-]{8,}")
+# a credential in a URL's query string (?key=..., &api_key=..., access_token=...)
+_QUERY_SECRET = re.compile(
+    r"([?&](?:key|api[_-]?key|apikey|access[_-]?token|token|auth|secret|password|signature|sig)=)[^&#\s\"'\\]+",
+    re.IGNORECASE,
+)
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
     """``text`` with credentials replaced by ``[redacted]``: the given secret values, JSON members whose name
     looks like a credential (``api_key``, ``authorization``, ``token``, ``password``, ``secret``...),
-    ``Bearer``/``Basic`` credentials and ``sk-...``-style keys."""
+    credential query parameters (``?key=...``, ``&access_token=...``), ``Bearer``/``Basic`` credentials and
+    ``sk-...``-style keys."""
     for secret in secrets:
         if secret:
             text = text.replace(secret, "[redacted]")
     text = _JSON_SECRET.sub(r'\1"[redacted]"', text)
+    text = _QUERY_SECRET.sub(r"\1[redacted]", text)
     text = _BEARER.sub(r"\1 [redacted]", text)
     return _KEY_LIKE.sub(r"\1-[redacted]", text)
 
@@ -165,25 +179,33 @@ class Guard:
         self.secrets = secrets
         self.hosts = hosts if hosts is not None else HostPolicy.build("127.0.0.1")
 
-    def authorize(self, headers: list[tuple[bytes, bytes]]) -> tuple[bool, list[tuple[bytes, bytes]]]:
-        """(authorized, the headers without the proxy key). Without a configured key everyone is authorized."""
-        presented_header: bytes | None = None
-        presented_bearer: bytes | None = None
+    def authorize(
+        self, headers: list[tuple[bytes, bytes]], query: bytes | None = None
+    ) -> tuple[bool, list[tuple[bytes, bytes]]]:
+        """(authorized, the headers without the proxy key). Without a configured key everyone is authorized.
+        ``query``: the query string of a request on the Gemini API's paths, whose ``x-goog-api-key`` header and
+        ``key`` parameter may carry the proxy key too (None: elsewhere, they are not read)."""
+        presented: list[bytes | None] = [None, None, None, None]  # X-RagOpt-Api-Key, Bearer, x-goog-api-key, ?key=
         for k, v in headers:
             name = k.lower()
             if name == KEY_HEADER:
-                presented_header = v.strip()
+                presented[0] = v.strip()
             elif name == b"authorization":
                 scheme, _, cred = v.strip().partition(b" ")
                 if scheme.lower() == b"bearer":
-                    presented_bearer = cred.strip()
+                    presented[1] = cred.strip()
+            elif name == GOOGLE_KEY_HEADER and query is not None:
+                presented[2] = v.strip()
+        for param in (query or b"").split(b"&"):
+            name, _, value = param.partition(b"=")
+            if name == b"key":
+                presented[3] = unquote_to_bytes(value.replace(b"+", b" "))
         key = self.key
-        by_header = by_bearer = False
+        matched = [False] * len(presented)
         if key is not None:
-            # both compared, each in constant time: no early exit reveals which one (or how much) matched
-            by_header = hmac.compare_digest(presented_header or b"", key) and presented_header is not None
-            by_bearer = hmac.compare_digest(presented_bearer or b"", key) and presented_bearer is not None
-        ok = key is None or by_header or by_bearer
+            # all compared, each in constant time: no early exit reveals which one (or how much) matched
+            matched = [hmac.compare_digest(p or b"", key) and p is not None for p in presented]
+        ok = key is None or any(matched)
         # (searched only once authorized: an unauthorized request is never forwarded, and learns no timing)
         strip = key is not None and ok
         kept = [(k, v) for k, v in headers if k.lower() != KEY_HEADER and not (strip and self.carries(k, v))]
@@ -268,16 +290,20 @@ class Guard:
             refused = check_browser(scope["headers"], self.hosts)
             if refused is not None:
                 self.metrics.local_error("forbidden")
-                await _send_json(send, refused[0], error_json(refused[1], "invalid_request_error", refused[2], fmt))
+                await _send_json(
+                    send, refused[0], error_json(refused[1], "invalid_request_error", refused[2], fmt, refused[0])
+                )
                 return
-        ok, headers = self.authorize(list(scope["headers"]))
+        gemini = is_gemini_path(scope["path"])
         query = scope.get("query_string", b"")
+        ok, headers = self.authorize(list(scope["headers"]), query if gemini else None)
         scope = {**scope, "headers": headers, "query_string": self.strip_query(query) if ok else query}
         if not ok and scope["path"] not in OPEN_PATHS:
             self.metrics.local_error("unauthorized")
             body = error_json(
                 "missing or incorrect rag-opt proxy key: send it as 'Authorization: Bearer <key>' or "
-                "'X-RagOpt-Api-Key: <key>'",
+                "'X-RagOpt-Api-Key: <key>'"
+                + (" (or as 'x-goog-api-key: <key>', the Gemini SDK's api_key)" if gemini else ""),
                 "invalid_request_error",
                 "invalid_api_key",
                 fmt,
@@ -300,11 +326,13 @@ class Guard:
                 self.metrics.local_error("too_large")
                 await _send_json(send, 413, too_large_body(self.max_body_bytes, fmt))
                 return
-        if scope["method"] == "POST" and scope["path"] in JSON_PATHS:  # a form or text/plain: a browser's CSRF
+        if scope["method"] == "POST" and takes_json(scope["path"]):  # a form or text/plain: a browser's CSRF
             refused = check_content_type(headers)
             if refused is not None:
                 self.metrics.local_error("invalid_request")
-                await _send_json(send, refused[0], error_json(refused[1], "invalid_request_error", refused[2], fmt))
+                await _send_json(
+                    send, refused[0], error_json(refused[1], "invalid_request_error", refused[2], fmt, refused[0])
+                )
                 return
         await self.app(scope, receive, send)
 

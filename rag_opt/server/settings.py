@@ -49,7 +49,7 @@ __all__ = [
 
 ENV_PREFIX = "RAG_OPT_"
 _BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")
-_SECRETS = ("api_key", "upstream_api_key")
+_SECRETS = ("api_key", "upstream_api_key", "gemini_upstream_api_key")
 FD_RESERVE = 64  # file descriptors kept for the listening socket, logs, model files, ...
 MIN_PROXY_KEY_CHARS = 16  # a proxy key is removed wherever it appears in a header: shorter ones match by chance
 # the worker pool's defaults per encoding (--max-queue, --max-batch): under parallel encoding a request over cached
@@ -93,7 +93,18 @@ class ProxySettings(BaseModel):
     port: int = Field(default=8000, ge=0, le=65535, description="port to listen on")
     upstream_api_key: SecretStr | None = Field(
         default=None,
-        description="replace the clients' credentials (Authorization, api-key, x-api-key) with this key; never logged",
+        description="replace the clients' credentials (Authorization, api-key, x-api-key, x-goog-api-key) with this "
+        "key on the --upstream's paths; never logged",
+    )
+    gemini_upstream: str = Field(
+        default="https://generativelanguage.googleapis.com",
+        description="the Gemini API's root URL (without /v1beta): /v1beta/... and the model methods of /v1 "
+        "(/v1/models/MODEL:generateContent...) go there",
+    )
+    gemini_upstream_api_key: SecretStr | None = Field(
+        default=None,
+        description="replace the clients' credentials (x-goog-api-key, ?key=, Authorization...) with this key, sent as "
+        "x-goog-api-key, on the Gemini API's paths (--upstream-api-key never goes there); never logged",
     )
     # compression
     ratio: float | None = Field(
@@ -272,8 +283,9 @@ class ProxySettings(BaseModel):
     # security
     api_key: SecretStr | None = Field(
         default=None,
-        description="proxy access key: clients send 'Authorization: Bearer KEY' or 'X-RagOpt-Api-Key: KEY'; never "
-        "logged, never forwarded",
+        description="proxy access key: clients send 'Authorization: Bearer KEY' or 'X-RagOpt-Api-Key: KEY' (on the "
+        "Gemini API's paths also 'x-goog-api-key: KEY' or ?key=KEY: the Gemini SDK's api_key); never logged, never "
+        "forwarded",
     )
     log_bodies: bool = Field(default=False, description="log request and response bodies, credentials redacted")
     allowed_hosts: str | None = Field(
@@ -304,7 +316,7 @@ class ProxySettings(BaseModel):
             return self.max_batch
         return PARALLEL_BATCH if self.encoding == "parallel" else JOINT_BATCH
 
-    @field_validator("upstream")
+    @field_validator("upstream", "gemini_upstream")
     @classmethod
     def _url(cls, v: str) -> str:
         v = v.strip()
@@ -313,6 +325,16 @@ class ProxySettings(BaseModel):
         if "?" in v or "#" in v:
             raise ConfigurationError(f"must be a base URL without a query string or fragment, got {redact_url(v)!r}")
         return v.rstrip("/")
+
+    @field_validator("gemini_upstream")
+    @classmethod
+    def _gemini_root(cls, v: str) -> str:
+        if re.search(r"/v1(beta)?$", v):  # the client's path (/v1beta/models/...) is appended to it whole
+            raise ConfigurationError(
+                f"must be the Gemini API's root URL, without its version, e.g. https://generativelanguage.googleapis.com,"
+                f" got {redact_url(v)!r}"
+            )
+        return v
 
     @field_validator("trusted_proxies")
     @classmethod
@@ -325,7 +347,7 @@ class ProxySettings(BaseModel):
                 raise ConfigurationError(f"{part.strip()!r} is not an IP address or network (CIDR)") from None
         return v
 
-    @field_validator("api_key", "upstream_api_key")
+    @field_validator("api_key", "upstream_api_key", "gemini_upstream_api_key")
     @classmethod
     def _key(cls, v: SecretStr | None) -> SecretStr | None:
         if v is not None and (not v.get_secret_value() or v.get_secret_value() != v.get_secret_value().strip()):

@@ -95,9 +95,8 @@ class ProxyState:
         if self.encoding is not None:
             logger.info("encoding: %s; %s", self.encoding, _describe(self.cache))
         self.optimizer_state = "cold"
-        self.secrets = tuple(
-            k.get_secret_value() for k in (settings.api_key, settings.upstream_api_key) if k is not None
-        )
+        keys = (settings.api_key, settings.upstream_api_key, settings.gemini_upstream_api_key)
+        self.secrets = tuple(k.get_secret_value() for k in keys if k is not None)
         self.metrics = Metrics()
         self.pool = OptimizerPool(
             settings.max_concurrency,

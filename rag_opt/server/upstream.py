@@ -1,20 +1,33 @@
-"""Forwarding requests to the upstream LLM server and relaying its responses.
+"""Forwarding requests to the upstream LLM servers and relaying their responses.
 
-One shared ``httpx.AsyncClient`` per app. A forwarded request keeps the client's method, path below ``/v1``
-(appended to the upstream's base path: :func:`rag_opt.server.paths.upstream_url`), query string, headers and
-body, less hop-by-hop headers, ``Host``/``Content-Length``/``Expect`` (the body was read already), rag-opt's own
-``x-ragopt-*`` headers, and the client's credentials (``Authorization``, ``api-key``, ``x-api-key``: every one of
-them) when ``--upstream-api-key`` replaces them: it is sent as ``x-api-key: <key>`` on Anthropic requests (the
-Messages route, any path under it, and any request with an ``anthropic-version`` header), else as
-``Authorization: Bearer <key>``. Forwarding headers are the proxy's to set: ``X-Forwarded-For`` names the real
+One shared ``httpx.AsyncClient`` per app, for two upstreams: the Gemini API's paths
+(:func:`rag_opt.server.paths.is_gemini_path`: ``/v1beta/...`` and ``/v1/models/{model}:{method}``) go to
+``--gemini-upstream`` (the whole path appended to its root URL), every other ``/v1/...`` path to ``--upstream``
+(the path below ``/v1`` appended to its base path; :func:`rag_opt.server.paths.upstream_url`). A forwarded
+request keeps the client's method, path, query string, headers and body, less hop-by-hop headers,
+``Host``/``Content-Length``/``Expect`` (the body was read already), rag-opt's own ``x-ragopt-*`` headers, and the
+client's credentials when a configured key replaces them:
+
+- on ``--upstream``'s paths, ``--upstream-api-key`` replaces every one of ``Authorization``, ``api-key``,
+  ``x-api-key`` and ``x-goog-api-key``, and is sent as ``x-api-key: <key>`` on Anthropic requests (the Messages
+  route, any path under it, and any request with an ``anthropic-version`` header), else as
+  ``Authorization: Bearer <key>``;
+- on the Gemini API's paths, ``--gemini-upstream-api-key`` replaces the same headers and the ``key`` and
+  ``access_token`` query parameters, and is sent as ``x-goog-api-key: <key>``. ``--upstream-api-key`` never
+  goes to the Gemini upstream (another host): without ``--gemini-upstream-api-key`` the client's own
+  ``x-goog-api-key`` or ``?key=`` travels as it came.
+
+Forwarding headers are the proxy's to set: ``X-Forwarded-For`` names the real
 peer (appended to the client's own list only when the peer is one of ``--trusted-proxies``); from other peers,
 ``X-Forwarded-*``, ``X-Real-IP``, ``Forwarded``, ``CF-Connecting-IP``, ``Client-IP``, ``X-Originating-IP`` and
 the like (:data:`FORWARDING_HEADERS`) are removed.
 
 Upstream responses (status, headers, body bytes) are relayed as they arrive, so streamed server-sent events
 reach the client chunk by chunk; a successful JSON response that is not too large is checked
-first, so that an upstream sending invalid JSON becomes a 502 rather than a corrupt answer. Upstream failures
-are 502/504 answers in the route's error shape; a client that disconnects closes the upstream request.
+first, so that an upstream sending invalid JSON becomes a 502 rather than a corrupt answer — except Gemini's
+``:streamGenerateContent``, whose stream without ``alt=sse`` is one JSON array sent as ``application/json``:
+relayed as it arrives too (:func:`rag_opt.server.paths.is_streamed`). Upstream failures are 502/504 answers in
+the route's error shape; a client that disconnects closes the upstream request.
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ import json
 import logging
 import zlib
 from collections.abc import AsyncIterator, Sequence
+from urllib.parse import unquote_to_bytes
 
 import anyio
 import httpx
@@ -34,12 +48,21 @@ from starlette.types import Receive, Scope, Send
 
 from rag_opt.server.errors import ErrorFormat, RequestError, error_response
 from rag_opt.server.metrics import Metrics
-from rag_opt.server.paths import MESSAGES_PATH, upstream_url
+from rag_opt.server.paths import MESSAGES_PATH, error_format, is_gemini_path, is_streamed, upstream_url
 from rag_opt.server.pool import off_loop
-from rag_opt.server.security import body_for_log, body_log, redact_headers
+from rag_opt.server.security import body_for_log, body_log, redact, redact_headers
 from rag_opt.server.settings import ProxySettings, connection_limit
 
-__all__ = ["CREDENTIAL_HEADERS", "FORWARDING_HEADERS", "HOP_BY_HOP", "VALIDATE_BYTES", "Upstream", "parse_networks"]
+__all__ = [
+    "CREDENTIAL_HEADERS",
+    "FORWARDING_HEADERS",
+    "HOP_BY_HOP",
+    "QUERY_CREDENTIALS",
+    "VALIDATE_BYTES",
+    "Upstream",
+    "parse_networks",
+    "without_query_credentials",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +112,8 @@ FORWARDING_HEADERS = frozenset(
     }
 )
 # the client's credentials: all of them replaced by --upstream-api-key when one is set (the upstream gets one key)
-CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
+CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key", "x-goog-api-key"})
+QUERY_CREDENTIALS = frozenset({b"key", b"access_token"})  # Google's: replaced by --gemini-upstream-api-key
 VALIDATE_BYTES = 16 * 1024 * 1024  # successful JSON responses up to this size are checked before relaying
 
 
@@ -115,6 +139,18 @@ def _anthropic(request: Request) -> bool:
     """Whether a request is for Anthropic's API: under ``/v1/messages``, or with an ``anthropic-version``."""
     path = request.scope["path"]
     return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/") or "anthropic-version" in request.headers
+
+
+def without_query_credentials(query: bytes) -> bytes:
+    """``query`` without its :data:`QUERY_CREDENTIALS` parameters (names percent-decoded, any letter case); the
+    other parameters as they came."""
+    if not query:
+        return query
+
+    def name(param: bytes) -> bytes:
+        return unquote_to_bytes(param.split(b"=", 1)[0].replace(b"+", b" ")).strip().lower()
+
+    return b"&".join(p for p in query.split(b"&") if name(p) not in QUERY_CREDENTIALS)
 
 
 def _connection_listed(values: list[str]) -> set[str]:
@@ -227,6 +263,7 @@ class Upstream:
         self.metrics = metrics
         self.secrets = secrets
         self.base = httpx.URL(settings.upstream)
+        self.gemini_base = httpx.URL(settings.gemini_upstream)
         self.trusted = parse_networks(settings.trusted_proxies)
         self._client: httpx.AsyncClient | None = None
 
@@ -253,19 +290,29 @@ class Upstream:
             self._client = None
 
     def url(self, scope: Scope) -> httpx.URL:
-        """The upstream URL of a request: the upstream base URL, the path below ``/v1`` and the query string
-        (:func:`rag_opt.server.paths.upstream_url`; RequestError if it would leave the base)."""
+        """The upstream URL of a request: the upstream base URL, the path below ``/v1`` and the query string; on
+        the Gemini API's paths the Gemini root URL, the whole path and the query string (its credentials removed
+        when ``--gemini-upstream-api-key`` replaces them) (:func:`rag_opt.server.paths.upstream_url`;
+        RequestError if it would leave the base)."""
         raw_path = scope.get("raw_path") or scope["path"].encode("utf-8")
-        return upstream_url(self.base, raw_path, scope.get("query_string", b""))
+        query = scope.get("query_string", b"")
+        if not is_gemini_path(scope["path"]):
+            return upstream_url(self.base, raw_path, query)
+        if self.settings.gemini_upstream_api_key is not None:
+            query = without_query_credentials(query)
+        return upstream_url(self.gemini_base, raw_path, query, below=b"")
 
     def request_headers(
         self, request: Request, drop_extra: frozenset[str] = frozenset(), key_header: str = "authorization"
     ) -> list[tuple[bytes, bytes]]:
         """The headers to forward (see the module docstring); ``drop_extra``: more names not to forward;
-        ``key_header``: where ``--upstream-api-key`` goes (``authorization`` as a bearer token, or ``x-api-key``)."""
+        ``key_header``: where ``--upstream-api-key`` goes (``authorization`` as a bearer token, or ``x-api-key``;
+        on the Gemini API's paths ``--gemini-upstream-api-key`` goes as ``x-goog-api-key``)."""
         drop = _NOT_FORWARDED | {"x-forwarded-for"} | drop_extra  # X-Forwarded-For: set below
         drop = drop | _connection_listed(request.headers.getlist("connection"))
         key = self.settings.upstream_api_key
+        if is_gemini_path(request.scope["path"]):
+            key, key_header = self.settings.gemini_upstream_api_key, "x-goog-api-key"
         if key is not None:
             drop = drop | CREDENTIAL_HEADERS | {key_header}
             if key_header == "authorization" and _anthropic(request):
@@ -296,16 +343,18 @@ class Upstream:
         extra_headers: list[tuple[bytes, bytes]],
         drop_headers: frozenset[str] = frozenset(),
         *,
-        fmt: ErrorFormat = "openai",
+        fmt: ErrorFormat | None = None,
         key_header: str = "authorization",
     ) -> Response:
         """Send the request upstream with ``body`` and relay the response as it arrives, with ``extra_headers``
         (``drop_headers``: request headers not to forward, e.g. ``content-encoding`` of a body decoded here;
-        ``fmt``: the shape of rag-opt's own error answers; ``key_header``: see :meth:`request_headers`).
+        ``fmt``: the shape of rag-opt's own error answers, by default the path's; ``key_header``: see
+        :meth:`request_headers`).
 
         A successful JSON (not streamed) response is read first and checked: invalid JSON from the upstream is
         a 502 rather than a corrupt answer, and an upstream that fails while sending it a clean 502/504.
         """
+        fmt = fmt if fmt is not None else error_format(request.scope["path"])
         headers = self.request_headers(request, drop_headers, key_header)
         sent = {k.decode("latin-1").lower() for k, _ in headers}
         try:
@@ -328,6 +377,7 @@ class Upstream:
                 200 <= upstream.status_code < 300
                 and ctype == "application/json"
                 and request.method != "HEAD"
+                and not is_streamed(request.scope["path"])
                 and (not declared.isdigit() or int(declared) <= VALIDATE_BYTES)
             ):
                 size = 0
@@ -362,7 +412,7 @@ class Upstream:
             if upstream is not None:
                 await upstream.aclose()
             self.metrics.upstream_error("connect" if upstream is None else "stream")
-            logger.warning("upstream failed (%s: %s)", type(exc).__name__, exc)
+            logger.warning("upstream failed (%s: %s)", type(exc).__name__, redact(str(exc), self.secrets))
             return error_response(
                 502, "could not reach the upstream LLM server", "upstream_error", "upstream_unavailable", fmt=fmt
             )
