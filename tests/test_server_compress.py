@@ -319,3 +319,36 @@ def test_optimize_takes_language_and_target_per_call() -> None:
     assert other.tokens_before != default.tokens_before  # counted in the other tokenizer
     with pytest.raises(InvalidInputError, match="ISO 639"):
         opt.optimize(EXAMPLE_QUESTION, docs, ratio=0.5, tier="lexical", language="no such language")
+
+
+def test_the_server_reads_titles_where_its_settings_say() -> None:
+    """--title-keys and --no-title-from-text reach the optimizer; each document says which title was used."""
+    from starlette.testclient import TestClient
+
+    from rag_opt.server.app import create_app
+    from rag_opt.server.settings import ProxySettings
+
+    docs = [
+        {"id": "a", "text": "Oak Island\nOak Island is an island in Nova Scotia. It is privately owned."},
+        {"id": "b", "text": "Pasta needs boiling water. Salt it.", "metadata": {"headline": "Pasta", "title": "T"}},
+    ]
+    body = {
+        "question": "Where is Oak Island?",
+        "documents": docs,
+        "ratio": 1.0,
+        "ordering": "relevance",
+        "tier": "lexical",
+    }
+    for options, expected in (
+        ({}, {"a": ("Oak Island", "text"), "b": ("T", "metadata.title")}),
+        (
+            {"title_keys": "headline", "title_from_text": False},
+            {"a": (None, None), "b": ("Pasta", "metadata.headline")},
+        ),
+    ):
+        settings = ProxySettings(upstream="http://127.0.0.1:9/v1", warmup=False, **options)
+        with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+            answer = client.post("/v1/compress", json=body)
+        assert answer.status_code == 200, answer.text
+        got = {d["id"]: (d.get("title"), d.get("title_source")) for d in answer.json()["documents"]}
+        assert got == expected

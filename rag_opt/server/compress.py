@@ -184,7 +184,12 @@ class OutputDocument(BaseModel):
     id: str = Field(description="the input id, or the input index as a string")
     index: int = Field(description="its position in the request's documents")
     text: str = Field(description="the kept text: its kept spans of the input text, verbatim, joined")
-    title: str | None = None
+    title: str | None = Field(default=None, description="the title rag-opt read (see title_source)")
+    title_source: str | None = Field(
+        default=None,
+        description="where the title was found: field, metadata.<key> (the server's --title-keys), or text (the "
+        "text's leading heading line, which stays in text)",
+    )
     metadata: dict[str, Any] = Field(default_factory=dict, description="the input metadata, unchanged")
     score: float | None = Field(default=None, description="document relevance (when scoring ran)")
     kept_spans: list[tuple[int, int]] = Field(

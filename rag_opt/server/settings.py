@@ -31,6 +31,7 @@ from rag_opt.errors import ConfigurationError, InvalidInputError
 from rag_opt.models.encoding_cache import DEFAULT_CACHE_BYTES
 from rag_opt.models.prompt import DEFAULT_ENCODING, ENCODINGS, template_for
 from rag_opt.text.language import check_language
+from rag_opt.text.titles import DEFAULT_TITLE_KEYS
 from rag_opt.types import DEFAULT_RATIO, ORDERING_NAMES, Budget, check_ordering
 from rag_opt.work import WorkLimits
 
@@ -133,6 +134,16 @@ class ProxySettings(BaseModel):
         default="en",
         description="ISO 639 code of the documents' language (en, de, fr, pt-BR, ...): sentence segmentation and "
         "BM25 stopwords follow it; a request may give its own (x-ragopt-language, rag_opt.language)",
+    )
+    title_keys: str = Field(
+        default=",".join(DEFAULT_TITLE_KEYS),
+        description="comma-separated metadata keys a document's title is read from when it has no title field, in "
+        "order (a file-name key such as source gives the file's stem; empty: none)",
+        json_schema_extra={"metavar": "KEYS"},
+    )
+    title_from_text: bool = Field(
+        default=True,
+        description="read a leading heading line of a document's text as its title when it has no other",
     )
     proxy_model: str | None = Field(
         default=None,
@@ -407,6 +418,11 @@ class ProxySettings(BaseModel):
     @classmethod
     def _language(cls, v: str) -> str:
         return check_language(v)
+
+    @property
+    def title_key_list(self) -> tuple[str, ...]:
+        """:attr:`title_keys` as the optimizer takes them."""
+        return tuple(k.strip() for k in self.title_keys.split(",") if k.strip())
 
     @field_validator("encoding")
     @classmethod

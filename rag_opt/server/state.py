@@ -82,6 +82,8 @@ class ProxyState:
                 probe=None if settings.probe == "none" else settings.probe,
                 ordering=settings.ordering,
                 language=settings.language,
+                title_keys=settings.title_key_list,
+                title_from_text=settings.title_from_text,
                 trust_remote_code=settings.trust_remote_code,
                 threads=ThreadPolicy(threads, workers=settings.max_concurrency),
                 encoding=settings.encoding,
