@@ -101,8 +101,8 @@ class ContextOptimizer:
             :class:`~rag_opt.models.encoding_cache.EncodingCache` (to share one between optimizers or with the
             server), or None (off).
         title_keys: the metadata keys a document's title is read from when it has no ``title`` field, in order
-            (default :data:`~rag_opt.text.titles.DEFAULT_TITLE_KEYS`: title, doc_title, heading, name, source; a
-            file-name key gives its file's stem). See :mod:`rag_opt.text.titles`.
+            (default :data:`~rag_opt.text.titles.DEFAULT_TITLE_KEYS`: title, doc_title, heading, name, source,
+            file_path, file_name; a file-name key gives its file's stem). See :mod:`rag_opt.text.titles`.
         title_from_text: without a title field or metadata title, read a leading heading line of the text (a
             Markdown heading, or a short first line without end punctuation) as the title; the line stays in
             the text. ``OutputDocument.title_source`` says which title was used.

@@ -16,8 +16,9 @@ embeddings are kept as they were, and rag-opt's information is added under ``met
   budget allows);
 - documents without text (``content`` None or blank: blob-only, e.g. images) are passed through unchanged after
   the optimized ones;
-- ``meta["title"]``, when a string, is the document's title for rag-opt (the proxy reads it first; it never
-  becomes part of ``content``).
+- the document's title for rag-opt is found in ``meta`` by rag-opt's title rules (:mod:`rag_opt.text.titles`:
+  ``title``, ..., a converter's ``file_path`` as its file's stem; the ``title_keys`` option), else a leading heading
+  line of ``content``; a title from ``meta`` never becomes part of ``content``.
 
 Serialisation: the component's type is ``haystack_integrations.components.compressors.rag_opt.
 RagOptDocumentCompressor``, under the ``haystack_integrations`` namespace that Haystack's pipeline loader trusts

@@ -6,8 +6,8 @@ rarely carry a ``title`` field, so :func:`find_title` looks, in this order, at:
 
 1. the document's ``title`` field;
 2. its metadata, key by key in ``title_keys`` order (default :data:`DEFAULT_TITLE_KEYS`: ``title``,
-   ``doc_title``, ``heading``, ``name``, ``source``): the first non-blank string. A file-name key
-   (:data:`FILE_KEYS`: ``source``, ``file_path``, ``file_name``, ``filename``) gives its file's *stem*
+   ``doc_title``, ``heading``, ``name``, ``source``, ``file_path``, ``file_name``): the first non-blank string. A
+   file-name key (:data:`FILE_KEYS`: ``source``, ``file_path``, ``file_name``, ``filename``) gives its file's *stem*
    (``docs/Oak_Island.md`` -> ``Oak Island``: underscores read as spaces) and only when the value names a file (a
    last path segment with an extension); a stem that is an opaque id (digits only, a hex hash, a UUID) is not a
    title;
@@ -48,7 +48,8 @@ __all__ = [
     "leading_subject",
 ]
 
-DEFAULT_TITLE_KEYS: tuple[str, ...] = ("title", "doc_title", "heading", "name", "source")
+# source: LangChain's loaders; file_path: Haystack's converters; file_name: LlamaIndex's readers
+DEFAULT_TITLE_KEYS: tuple[str, ...] = ("title", "doc_title", "heading", "name", "source", "file_path", "file_name")
 FILE_KEYS = frozenset({"source", "file_path", "file_name", "filename"})
 MAX_HEADING_WORDS = 12
 MAX_HEADING_CHARS = 120
