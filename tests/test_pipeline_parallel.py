@@ -75,3 +75,28 @@ def test_two_readings_need_the_joint_encoding():
 
     with pytest.raises(InvalidInputError, match="passes=2 needs encoding='joint'"):
         SentinelCompressor(load_proxy_model(dtype="float32"), None, encoding="parallel", passes=2)
+
+
+def test_the_same_tokens_cut_into_other_units_are_not_read_from_the_cache(examples):
+    """A title given as a field and the same line at the head of the text are the same tokens cut into other units
+    (here the line ends with '!', so it is not read as a heading, and holds two sentences, so the text cuts it in
+    two): the cross-document reading, read at each unit's
+    last token, must not come from the other cut (it did: a feature block of the wrong length)."""
+    from rag_opt import ContextOptimizer
+    from rag_opt.models.encoding_cache import EncodingCache
+
+    ex = examples[0]
+    fielded = [{**d, "title": d["title"] + "! See more!"} for d in hotpot_docs(ex)]
+    in_text = [{"id": d["id"], "text": f"{d['title']}\n{d['text']}"} for d in fielded]
+    cache = EncodingCache()
+    cached = ContextOptimizer(encoding="parallel", cache=cache, dtype="float32", ratio=1 / 3)
+    cached.optimize(ex["question"], fielded)
+    warm = cached.optimize(ex["question"], in_text)
+    cold = ContextOptimizer(encoding="parallel", cache=None, dtype="float32", ratio=1 / 3).optimize(
+        ex["question"], in_text
+    )
+    assert [d.title_source for d in warm.documents] == [None] * len(warm.documents)
+    assert _spans(warm) == _spans(cold)
+    assert [u.score for d in warm.documents for u in d.units] == pytest.approx(
+        [u.score for d in cold.documents for u in d.units], abs=1e-6
+    )

@@ -148,44 +148,54 @@ class DocumentIndexer:
             self.split_documents += 1
         return list(prompt.blocks)
 
-    def _done(self, ids: Sequence[int], kind: str = "block") -> bool:
-        kinds = (kind, "sources") if self.cross and kind == "block" else (kind,)
+    def _done(self, ids: Sequence[int], kind: str = "block", ends: Sequence[int] | None = None) -> bool:
+        """Whether ``ids``' entries are in the cache at every depth (with the cross reading, a block's source queries
+        too: ``ends``, its units' last tokens, are part of their key)."""
+        from rag_opt.models.encoding_cache import sources_kind
+
+        kinds = (kind, sources_kind(ends)) if self.cross and kind == "block" and ends is not None else (kind,)
         return all(self.key(ids, d, k) in self.cache for d in self.depths for k in kinds)
 
     def index_rows(self, rows: Sequence[tuple[int, dict[str, Any]]]) -> list[RowResult]:
         """Index ``(line, document)`` rows: their missing blocks in shared document passes; one result per row."""
         from rag_opt.models.document_pass import encode_blocks, encode_blocks_with_sources
+        from rag_opt.models.encoding_cache import sources_kind
 
         out: dict[int, RowResult] = {}
         pending: dict[int, int] = {}  # row -> how many blocks it adds to the passes (a shared one counts once)
-        todo: dict[tuple[int, ...], Block] = {}  # distinct blocks to encode, in order
+        todo: dict[tuple[tuple[int, ...], tuple[int, ...]], Block] = {}  # distinct (tokens, unit ends), in order
         for line, document in rows:
             try:
-                missing = {b.ids: b for b in self.blocks(document) if not self._done(b.ids)}
+                missing = {(b.ids, b.ends): b for b in self.blocks(document) if not self._done(b.ids, ends=b.ends)}
             except (RagOptError, ValueError, TypeError) as exc:
                 out[line] = RowResult(line, "failed", f"line {line}: {exc}")
                 continue
             if not missing:
                 out[line] = RowResult(line, "cached")
                 continue
-            pending[line] = sum(ids not in todo for ids in missing)
+            pending[line] = sum(k not in todo for k in missing)
             todo.update(missing)
         try:
             if todo:
                 top = self.depths[-1]
+                blocks = list(todo.values())
                 if self.cross:  # the probe reads the cross-document reading: each block's source queries too
-                    ends = [b.ends for b in todo.values()]
                     prefix_states, states, queries = encode_blocks_with_sources(
-                        self.proxy, self.prefix, list(todo), ends, top, batch_tokens=self.batch_tokens
+                        self.proxy,
+                        self.prefix,
+                        [b.ids for b in blocks],
+                        [b.ends for b in blocks],
+                        top,
+                        batch_tokens=self.batch_tokens,
                     )
-                    for ids, q in zip(todo, queries, strict=True):
-                        self._put(ids, q, "sources")
+                    for b, q in zip(blocks, queries, strict=True):
+                        self._put(b.ids, q, sources_kind(b.ends))
                 else:
                     prefix_states, states = encode_blocks(
-                        self.proxy, self.prefix, list(todo), top, batch_tokens=self.batch_tokens
+                        self.proxy, self.prefix, [b.ids for b in blocks], top, batch_tokens=self.batch_tokens
                     )
-                for ids, s in zip(todo, states, strict=True):
-                    self._put(ids, s, "block")
+                for b, s in zip(blocks, states, strict=True):
+                    self._put(b.ids, s, "block")
                 self._put(self.prefix, prefix_states, "prefix")
             elif not self._done(self.prefix, "prefix"):  # every block is cached, the prefix is not: its own pass
                 _, (prefix_states,) = encode_blocks(
@@ -208,7 +218,7 @@ class DocumentIndexer:
         for d in self.depths:
             key = self.key(ids, d, kind)
             if key not in self.cache:
-                first = states[:d] if kind == "sources" else states[:, :d]
+                first = states[:d] if kind.startswith("sources") else states[:, :d]
                 self.cache.put(key, states if d == top else first.contiguous())
 
 

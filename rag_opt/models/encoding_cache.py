@@ -34,7 +34,7 @@ from rag_opt.errors import InvalidInputError
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-__all__ = ["DEFAULT_CACHE_BYTES", "CacheStats", "EncodingCache", "encoding_key", "resolve_cache"]
+__all__ = ["DEFAULT_CACHE_BYTES", "CacheStats", "EncodingCache", "encoding_key", "resolve_cache", "sources_kind"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,15 @@ def encoding_key(ids: Sequence[int], *, model: str, dtype: str, depth: int, temp
     h.update(f"{_FORMAT}\0{kind}\0{model}\0{dtype}\0{depth}\0{template}\0".encode())
     h.update(np.asarray(ids, dtype="<u4").tobytes())
     return h.hexdigest()
+
+
+def sources_kind(ends: Sequence[int]) -> str:
+    """The :func:`encoding_key` kind of a block's *source queries* (the cross-document reading's): they are read at
+    each unit's last token (``ends``), so the same tokens cut into other units (a title line read as a heading, another
+    language's sentences) are another entry."""
+    import numpy as np
+
+    return "sources:" + hashlib.sha256(np.asarray(ends, dtype="<u4").tobytes()).hexdigest()[:24]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rag_opt.models.document_pass import encode_blocks, encode_blocks_with_sources
-from rag_opt.models.encoding_cache import EncodingCache, encoding_key
+from rag_opt.models.encoding_cache import EncodingCache, encoding_key, sources_kind
 from rag_opt.models.extract import AttentionFeatures
 from rag_opt.models.parallel import Block, ParallelPrompt, QuestionPass, parallel_prompt, run_question_passes
 from rag_opt.models.parallel_cross import cross_reads
@@ -67,48 +67,53 @@ def extract_parallel(
         return encoding_key(ids, model=model, dtype=dtype, depth=layers, template=PARALLEL_TEMPLATE_ID, kind=kind)
 
     states: dict[str, torch.Tensor] = {}
-    queries: dict[str, torch.Tensor] = {}  # cross: each block's source queries, by its block key
+    queries: dict[str, torch.Tensor] = {}  # cross: each block's source queries, by its sources key
     hits = [0] * len(prompts)
     misses = [0] * len(prompts)
-    todo: dict[str, Block] = {}
     keys = [[key(block.ids) for block in prompt.blocks] for prompt in prompts]  # each block's, hashed once
+    # with cross, a block's encoding is wanted with its source queries, which are read at each unit's last token:
+    # keyed by the tokens and the units' ends (the same tokens cut into other units are another entry)
+    source_keys = [[key(b.ids, sources_kind(b.ends)) for b in prompt.blocks] for prompt in prompts] if cross else []
+    todo: dict[str, Block] = {}  # the blocks to encode, by their sources key (cross) or block key
     for c, prompt in enumerate(prompts):
-        for block, k in zip(prompt.blocks, keys[c], strict=True):
-            if k in states or k in todo:
-                hits[c] += k in states
-                misses[c] += k in todo
+        for b, (block, k) in enumerate(zip(prompt.blocks, keys[c], strict=True)):
+            tk = source_keys[c][b] if cross else k
+            if tk in todo:
+                misses[c] += 1
                 continue
-            found = cache.get(k) if cache is not None else None
+            found = states[k] if k in states else cache.get(k) if cache is not None else None
             found_q = None
-            if cross and cache is not None and found is not None:
-                found_q = cache.get(key(block.ids, "sources"))
+            if cross and found is not None:
+                found_q = queries[tk] if tk in queries else cache.get(tk) if cache is not None else None
             if found is not None and (found_q is not None or not cross):
                 states[k] = found
                 if found_q is not None:
-                    queries[k] = found_q
+                    queries[tk] = found_q
                 hits[c] += 1
             else:
-                todo[k] = block
+                todo[tk] = block
                 misses[c] += 1
     prefix_key = key(prefix, "prefix")
     prefix_states = cache.get(prefix_key) if cache is not None else None
     if todo:
-        ids = [b.ids for b in todo.values()]
+        blocks = list(todo.values())
+        ids = [b.ids for b in blocks]
         if cross:
             pre, computed, kept = encode_blocks_with_sources(
-                proxy, prefix, ids, [b.ends for b in todo.values()], layers, batch_tokens=batch_tokens
+                proxy, prefix, ids, [b.ends for b in blocks], layers, batch_tokens=batch_tokens
             )
         else:
             (pre, computed), kept = encode_blocks(proxy, prefix, ids, layers, batch_tokens=batch_tokens), []
         prefix_states = pre if prefix_states is None else prefix_states
-        for i, (k, s) in enumerate(zip(todo, computed, strict=True)):
-            states[k] = s
-            if cache is not None:
-                cache.put(k, s)
+        for i, (tk, block) in enumerate(todo.items()):
+            k = key(block.ids)
+            states[k] = computed[i]
+            if cache is not None and k not in cache:
+                cache.put(k, computed[i])
             if cross:
-                queries[k] = kept[i]
+                queries[tk] = kept[i]
                 if cache is not None:
-                    cache.put(key(todo[k].ids, "sources"), kept[i])
+                    cache.put(tk, kept[i])
     if prefix_states is None:  # every block was cached, the prefix was not: its own pass
         _, (prefix_states,) = encode_blocks(proxy, [], [prefix], layers, batch_tokens=batch_tokens)
     if cache is not None and prefix_key not in cache:
@@ -128,9 +133,9 @@ def extract_parallel(
                 feats.cache_hits, feats.cache_misses = hits[j], misses[j]
                 if cross:
                     feats.cross, feats.cross_sources = CROSS_READS.get_or_compute(
-                        (*keys[j], prompts[j].question_start),
+                        (*source_keys[j], prompts[j].question_start),  # the tokens and the units of each block
                         lambda j=j: cross_reads(  # type: ignore[misc]
-                            proxy, prompts[j], rows[j].parts, [queries[k] for k in keys[j]], layers
+                            proxy, prompts[j], rows[j].parts, [queries[k] for k in source_keys[j]], layers
                         ),
                     )
                 out[j] = feats
