@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from rag_opt.server.json_edit import JsonEditor, JsonPath
+
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
@@ -62,6 +64,36 @@ def assert_verbatim(kept: str, source: str) -> None:
         assert piece in source[pos:] and (len(piece) >= 12 or lo == len(kept)), f"not verbatim: {kept[i:]!r}"
         pos = source.index(piece, pos) + len(piece)
         i = lo
+
+
+# -- request bodies through the proxy (JSON paths of rag_opt.server.json_edit) -----------------------------------
+def value(body: bytes, path: JsonPath) -> Any:
+    span = JsonEditor(body.decode()).span(path)
+    assert span is not None, f"{path} is not in the body"
+    return json.loads(body.decode()[span[0] : span[1]])
+
+
+def assert_only_context_changed(sent: bytes, got: bytes, paths: list[JsonPath]) -> None:
+    """``got`` is ``sent`` with the strings at ``paths`` compressed: each new value is pieces of the old one,
+    verbatim and in order (a document may be kept whole), together shorter, and every byte between them is the
+    same."""
+    a, b = JsonEditor(sent.decode()), JsonEditor(got.decode())
+    spans = sorted((a.span(p), b.span(p)) for p in paths)
+    pos_a = pos_b = 0
+    for sa, sb in spans:
+        assert sa is not None and sb is not None
+        assert a.text[pos_a : sa[0]] == b.text[pos_b : sb[0]]
+        old, new = json.loads(a.text[sa[0] : sa[1]]), json.loads(b.text[sb[0] : sb[1]])
+        assert isinstance(new, str)
+        assert_verbatim(new, old)
+        pos_a, pos_b = sa[1], sb[1]
+    assert a.text[pos_a:] == b.text[pos_b:]
+    assert len(b.text) < len(a.text)
+
+
+def assert_optimized(headers: Any) -> None:
+    assert headers["x-ragopt-status"] == "optimized"
+    assert 0 < int(headers["x-ragopt-tokens-after"]) < int(headers["x-ragopt-tokens-before"])
 
 
 class Recording:

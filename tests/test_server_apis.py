@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
 
 import anthropic
 import httpx
@@ -20,11 +19,19 @@ import pytest
 
 from rag_opt.server.anthropic_messages import plan_messages
 from rag_opt.server.documents import ContextPlan
-from rag_opt.server.json_edit import JsonEditor, JsonPath
+from rag_opt.server.json_edit import JsonPath
 from rag_opt.server.responses import plan_responses
 from rag_opt.server.settings import ProxySettings
 from rag_opt.types import OptimizeResult, OutputDocument
-from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION, Recording, assert_verbatim, blocks
+from tests.helpers import (
+    EXAMPLE_DOCS,
+    EXAMPLE_QUESTION,
+    Recording,
+    assert_only_context_changed,
+    assert_optimized,
+    blocks,
+    value,
+)
 from tests.upstream_server import FakeUpstream, ServerThread, parse_metrics, serve_proxy
 
 DOCS = EXAMPLE_DOCS[:2]
@@ -35,35 +42,6 @@ MESSAGES, RESPONSES = "/v1/messages", "/v1/responses"
 
 def question_with_blocks() -> str:
     return f"Answer from these documents only.\n\n{blocks(DOCS)}\n\nQuestion: {QUESTION}"
-
-
-def value(body: bytes, path: JsonPath) -> Any:
-    span = JsonEditor(body.decode()).span(path)
-    assert span is not None, f"{path} is not in the body"
-    return json.loads(body.decode()[span[0] : span[1]])
-
-
-def assert_only_context_changed(sent: bytes, got: bytes, paths: list[JsonPath]) -> None:
-    """``got`` is ``sent`` with the strings at ``paths`` compressed: each new value is pieces of the old one,
-    verbatim and in order (a document may be kept whole), together shorter, and every byte between them is the
-    same."""
-    a, b = JsonEditor(sent.decode()), JsonEditor(got.decode())
-    spans = sorted((a.span(p), b.span(p)) for p in paths)
-    pos_a = pos_b = 0
-    for sa, sb in spans:
-        assert sa is not None and sb is not None
-        assert a.text[pos_a : sa[0]] == b.text[pos_b : sb[0]]
-        old, new = json.loads(a.text[sa[0] : sa[1]]), json.loads(b.text[sb[0] : sb[1]])
-        assert isinstance(new, str)
-        assert_verbatim(new, old)
-        pos_a, pos_b = sa[1], sb[1]
-    assert a.text[pos_a:] == b.text[pos_b:]
-    assert len(b.text) < len(a.text)
-
-
-def assert_optimized(headers: Any) -> None:
-    assert headers["x-ragopt-status"] == "optimized"
-    assert 0 < int(headers["x-ragopt-tokens-after"]) < int(headers["x-ragopt-tokens-before"])
 
 
 # -- servers and clients --------------------------------------------------------------------------------------

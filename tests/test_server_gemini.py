@@ -24,13 +24,20 @@ from google.genai import types
 from rag_opt.server.documents import ContextPlan
 from rag_opt.server.errors import RequestError, RewriteError, error_json
 from rag_opt.server.gemini import check_gemini_body, plan_gemini
-from rag_opt.server.json_edit import JsonEditor, JsonPath
+from rag_opt.server.json_edit import JsonPath
 from rag_opt.server.paths import check_path, error_format, gemini_model, gemini_route, is_gemini_path, upstream_url
 from rag_opt.server.security import redact
 from rag_opt.server.settings import ProxySettings
 from rag_opt.server.upstream import without_query_credentials
 from rag_opt.types import OptimizeResult, OutputDocument
-from tests.helpers import assert_verbatim, blocks, hotpot_dev, hotpot_docs
+from tests.helpers import (
+    assert_only_context_changed,
+    assert_optimized,
+    blocks,
+    hotpot_dev,
+    hotpot_docs,
+    value,
+)
 from tests.upstream_server import FakeUpstream, ServerThread, bm25_optimizer, parse_metrics, serve_proxy
 
 MODEL = "gemini-2.5-flash"
@@ -104,34 +111,6 @@ def hotpot() -> list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]]:
             (ex["question"], [d for d in docs if d["title"] in gold], [d for d in docs if d["title"] not in gold][:4])
         )
     return out
-
-
-def value(body: bytes, path: JsonPath) -> Any:
-    span = JsonEditor(body.decode()).span(path)
-    assert span is not None, f"{path} is not in the body"
-    return json.loads(body.decode()[span[0] : span[1]])
-
-
-def assert_only_context_changed(sent: bytes, got: bytes, paths: list[JsonPath]) -> None:
-    """``got`` is ``sent`` with the strings at ``paths`` compressed — each new value pieces of the old one, verbatim
-    and in order, together shorter — and every byte between them the same."""
-    a, b = JsonEditor(sent.decode()), JsonEditor(got.decode())
-    spans = sorted((a.span(p), b.span(p)) for p in paths)
-    pos_a = pos_b = 0
-    for sa, sb in spans:
-        assert sa is not None and sb is not None
-        assert a.text[pos_a : sa[0]] == b.text[pos_b : sb[0]]
-        old, new = json.loads(a.text[sa[0] : sa[1]]), json.loads(b.text[sb[0] : sb[1]])
-        assert isinstance(new, str)
-        assert_verbatim(new, old)
-        pos_a, pos_b = sa[1], sb[1]
-    assert a.text[pos_a:] == b.text[pos_b:]
-    assert len(b.text) < len(a.text)
-
-
-def assert_optimized(headers: Any) -> None:
-    assert headers["x-ragopt-status"] == "optimized"
-    assert 0 < int(headers["x-ragopt-tokens-after"]) < int(headers["x-ragopt-tokens-before"])
 
 
 def google_error(r: httpx.Response, status: int, kind: str) -> dict[str, Any]:
