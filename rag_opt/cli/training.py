@@ -41,6 +41,7 @@ def register(sub: Any) -> None:
         help="extract nothing: train on the HotpotQA questions (of the first --limit) whose features are cached "
         "already, e.g. while a long extraction is still running (missing NQ contexts are still extracted)",
     )
+    _add_title_mix(p)
     p.set_defaults(handler=_train_probe)
 
     p = sub.add_parser("train-doc-probe", help="train the document relevance probe on NQ (its train split)")
@@ -69,6 +70,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("train-lexical-probe", help="train the lexical-tier probe on HotpotQA (no model needed)")
     _add_probe_args(p, data=_HOTPOT_HELP, model_features=False)
     _add_context(p)
+    _add_title_mix(p)
     p.set_defaults(handler=_train_lexical_probe)
 
 
@@ -102,6 +104,27 @@ def _add_context(p: argparse.ArgumentParser) -> None:
         default=None,
         help="second-stage context features, comma-separated, or 'none' (default: those of the shipped probe)",
     )
+
+
+def _add_title_mix(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--title-mix",
+        default=None,
+        help="share of HotpotQA contexts given in each title regime, e.g. field=0.6,none=0.4 (field: a title field; "
+        "text: the title as the text's first line; none: no title) (default field=1)",
+    )
+
+
+def _title_mix(arg: str | None) -> dict[str, float] | None:
+    from rag_opt.errors import InvalidInputError
+    from rag_opt.training.units import parse_title_mix
+
+    if arg is None:
+        return None
+    try:
+        return parse_title_mix(arg)
+    except InvalidInputError as e:
+        raise UserError(f"--title-mix: {e}") from None
 
 
 def _add_layers(p: argparse.ArgumentParser) -> None:
@@ -224,6 +247,7 @@ def _train_probe(args: argparse.Namespace) -> int:
         nq_limit=args.nq,
         encoding=args.encoding,
         cached_only=args.cached_only,
+        title_mix=_title_mix(args.title_mix),
     )
     return 0
 
@@ -251,6 +275,7 @@ def _train_lexical_probe(args: argparse.Namespace) -> int:
         limit=args.limit,
         seed=args.seed,
         context=LEXICAL_CONTEXT if args.context is None else _context(args.context),
+        title_mix=_title_mix(args.title_mix),
     )
     print(f"lexical probe written to {args.out}: {probe.metadata['trained_on']}, l2 {probe.metadata['l2']}")
     return 0

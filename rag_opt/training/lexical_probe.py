@@ -2,13 +2,14 @@
 
 Examples and labels are those of the attention probe (:mod:`rag_opt.training.sentence_probe`): HotpotQA
 training questions, a sentence is positive when it is a supporting fact or contains the answer. Cheap enough to
-use every training question.
+use every training question. A *title mix* gives a share of the contexts without titles, or with the title as the
+text's first line (:mod:`rag_opt.training.units`), so the probe learns to do without the title row.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +20,8 @@ from rag_opt.compressors.probe import Probe
 from rag_opt.errors import InvalidInputError
 from rag_opt.text.units import UnitTable
 from rag_opt.training.datasets import HotpotExample, read_hotpotqa
-from rag_opt.training.sentence_probe import choose_l2, fit_probe, unit_labels
-from rag_opt.training.units import hotpot_units
+from rag_opt.training.sentence_probe import choose_l2, fit_probe, regime_labels
+from rag_opt.training.units import assign_title_regimes, hotpot_table
 
 __all__ = ["LEXICAL_CONTEXT", "build_lexical_training_set", "train_lexical_probe"]
 
@@ -34,19 +35,26 @@ LEXICAL_CONTEXT = ("own", "named_by_other", "names_other")
 
 
 def build_lexical_training_set(
-    examples: list[HotpotExample], *, progress: bool = True, tables: list[UnitTable] | None = None
+    examples: list[HotpotExample],
+    *,
+    progress: bool = True,
+    tables: list[UnitTable] | None = None,
+    regimes: Sequence[str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(X, y, group) over the sentence units of every example (``tables``: a list to append their unit tables to,
-    for the context stage)."""
+    for the context stage; ``regimes``: each example's title regime, default ``field`` for all)."""
     from tqdm.auto import tqdm
 
+    if regimes is not None and len(regimes) != len(examples):
+        raise InvalidInputError(f"{len(regimes)} title regimes for {len(examples)} examples")
     xs, ys, gs = [], [], []
     for g, ex in enumerate(tqdm(examples, desc="lexical features", disable=not progress, mininterval=5.0)):
-        units = UnitTable.titled(hotpot_units(ex))
+        regime = regimes[g] if regimes is not None else "field"
+        units = hotpot_table(ex, regime)
         if tables is not None:
             tables.append(units)
         X = lexical_features(ex.question, units, word_counts(units))
-        labels = np.concatenate([[False, *lab] for lab in unit_labels(ex)])
+        labels = regime_labels(ex, regime)
         xs.append(X[units.candidate])
         ys.append(labels[units.candidate])
         gs.append(np.full(int(units.candidate.sum()), g))
@@ -63,12 +71,16 @@ def train_lexical_probe(
     seed: int = 0,
     progress: bool = True,
     context: Sequence[str] | None = LEXICAL_CONTEXT,
+    title_mix: Mapping[str, float] | None = None,
 ) -> Probe:
     """Train the lexical probe on HotpotQA ``data`` (JSONL(.gz)) and write it to ``out`` as JSON; ``context``: the
-    second stage's features (None: none), as for the attention probe."""
+    second stage's features (None: none), as for the attention probe; ``title_mix``: the share of contexts in each
+    title regime (:func:`rag_opt.training.units.parse_title_mix`; default: all ``field``)."""
     examples = read_hotpotqa(data, limit=limit, seed=seed)
+    mix = dict(title_mix or {"field": 1.0})
+    regimes = assign_title_regimes(len(examples), mix, seed)
     tables: list[UnitTable] = []
-    X, y, groups = build_lexical_training_set(examples, progress=progress, tables=tables)
+    X, y, groups = build_lexical_training_set(examples, progress=progress, tables=tables, regimes=regimes)
     l2, losses = choose_l2(X, y, groups, seed=seed)
     probe = fit_probe(
         X,
@@ -90,6 +102,7 @@ def train_lexical_probe(
             "l2_heldout_logloss": {str(k): v for k, v in losses.items()},
             "length_feature": "log1p(words)",
             "context_stage": list(context or []),
+            "title_mix": mix,
         },
     )
     probe.save(out)

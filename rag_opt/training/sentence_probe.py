@@ -10,7 +10,7 @@ are kept with their document). Questions whose answer is yes/no still contribute
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +25,7 @@ from rag_opt.models.prompt import TEMPLATE_ID, template_for
 from rag_opt.training.datasets import HotpotExample, read_hotpotqa
 from rag_opt.training.feature_cache import FeatureCache, FeatureStore, fill_cache
 from rag_opt.training.logistic import cross_val_scores, train_logistic
-from rag_opt.training.units import hotpot_units
+from rag_opt.training.units import assign_title_regimes, hotpot_table, regime_units
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.models.loader import ProxyModel
@@ -38,9 +38,11 @@ __all__ = [
     "feature_cache_for",
     "feature_folder",
     "feature_store",
+    "hotpot_store_name",
     "fit_context_stage",
     "fit_probe",
     "train_probe_cli",
+    "regime_labels",
     "unit_labels",
 ]
 
@@ -86,28 +88,39 @@ def extract_hotpot(
     progress: bool = True,
     cross: bool = False,
     encoding: str = "joint",
+    titles: str = "field",
+    examples: Sequence[HotpotExample] | None = None,
 ) -> FeatureStore:
     """Compute (or reuse) attention features of the first ``layers`` layers (default all; the forward pass
     stops there) for HotpotQA examples at the proxy's precision ``dtype``, and return their store.
     ``cross``: with cross-document attention (a store of its own, named ``<split>-cross``). ``encoding``: how
-    the proxy reads the context (``parallel`` features live under their own template)."""
+    the proxy reads the context (``parallel`` features live under their own template). ``titles``: the title
+    regime the paragraphs are read in (:mod:`rag_opt.training.units`; ``none`` has a store of its own,
+    ``<split>-untitled``, and ``text`` reads the same tokens as ``field``). ``examples``: these examples of
+    ``path`` instead of its first ``limit``."""
     from rag_opt.models.extract import extract_batch
     from rag_opt.models.loader import load_proxy_model
 
     proxy = load_proxy_model(model, dtype=dtype)
-    examples = read_hotpotqa(path, limit=limit, seed=seed)
-    base = Path(path).name.split(".")[0] + ("-cross" if cross else "")
-    store = feature_store(cache_root, proxy, base, layers, encoding)
+    todo = list(examples) if examples is not None else read_hotpotqa(path, limit=limit, seed=seed)
+    store = feature_store(cache_root, proxy, hotpot_store_name(path, cross=cross, titles=titles), layers, encoding)
     fill_cache(
         store,
-        [(ex.id, hotpot_units(ex), ex.question) for ex in examples],
+        [(ex.id, regime_units(ex, titles), ex.question) for ex in todo],
         lambda contexts: extract_batch(
             proxy, contexts, max_tokens=max_tokens, layers=store.layers, cross=cross, encoding=encoding
         ),
         progress=progress,
-        desc=f"features {Path(path).name}",
+        desc=f"features {Path(path).name}" + ("" if titles in ("field", "text") else f" ({titles} titles)"),
     )
     return store
+
+
+def hotpot_store_name(path: str | Path, *, cross: bool = False, titles: str = "field") -> str:
+    """The feature store of a HotpotQA file's examples: ``<split>``, ``-untitled`` for the ``none`` title regime,
+    ``-cross`` with cross-document attention."""
+    untitled = "-untitled" if titles == "none" else ""
+    return Path(path).name.split(".")[0] + untitled + ("-cross" if cross else "")
 
 
 def unit_labels(ex: HotpotExample) -> list[list[bool]]:
@@ -122,33 +135,43 @@ def unit_labels(ex: HotpotExample) -> list[list[bool]]:
     return labels
 
 
+def regime_labels(ex: HotpotExample, regime: str = "field") -> np.ndarray:
+    """The labels of every unit of :func:`rag_opt.training.units.hotpot_table` (``ex`` given in title ``regime``),
+    in row order: False for a title row or heading line, :func:`unit_labels` for the sentences."""
+    head = [] if regime == "none" else [False]
+    return np.concatenate([np.asarray([*head, *lab], dtype=bool) for lab in unit_labels(ex)])
+
+
 def build_training_set(
     examples: list[HotpotExample],
-    features: dict[str, AttentionFeatures],
+    features: Mapping[str, AttentionFeatures],
     layout: FeatureLayout,
     *,
     progress: bool = True,
     tables: list[UnitTable] | None = None,
+    regimes: Sequence[str] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(X, y, group) over the sentence units of every example with cached features. ``tables``: a list to
-    append each used example's unit table to (in row order: what :func:`fit_context_stage` needs)."""
+    append each used example's unit table to (in row order: what :func:`fit_context_stage` needs). ``regimes``:
+    each example's title regime (default ``field``); its features must be those of that regime."""
     from tqdm.auto import tqdm
 
     from rag_opt.compressors.features import build_features
-    from rag_opt.text.units import UnitTable
 
+    if regimes is not None and len(regimes) != len(examples):
+        raise InvalidInputError(f"{len(regimes)} title regimes for {len(examples)} examples")
     xs, ys, gs = [], [], []
     for g, ex in enumerate(tqdm(examples, desc="probe features", disable=not progress, mininterval=5.0)):
         attn = features.get(ex.id)
         if attn is None:
             continue
-        docs = hotpot_units(ex)
-        units = UnitTable.titled(docs)
+        regime = regimes[g] if regimes is not None else "field"
+        units = hotpot_table(ex, regime)
         if tables is not None:
             tables.append(units)
         X = build_features(layout, attn, ex.question, units)
         cand = units.candidate
-        labels = np.concatenate([[False, *lab] for lab in unit_labels(ex)])
+        labels = regime_labels(ex, regime)
         xs.append(X[cand])
         ys.append(labels[cand])
         gs.append(np.full(int(cand.sum()), g))
@@ -254,6 +277,7 @@ def train_probe_cli(
     nq_limit: int = 0,
     encoding: str = "joint",
     cached_only: bool = False,
+    title_mix: Mapping[str, float] | None = None,
 ) -> Probe:
     """Extract (or reuse cached) features, train the probe and write it as JSON.
 
@@ -262,7 +286,9 @@ def train_probe_cli(
     ``context``: the second stage's features (None: no second stage). ``nq_limit`` NQ train contexts of 10
     documents from ``nq_data`` add their answer sentences as positives (single-hop Wikipedia passages).
     ``cached_only``: extract nothing, and train on the HotpotQA questions whose features are cached already (a
-    long extraction may still be running; it writes whole shards atomically).
+    long extraction may still be running; it writes whole shards atomically). ``title_mix``: the share of
+    HotpotQA contexts in each title regime (:func:`rag_opt.training.units.parse_title_mix`; default all
+    ``field``); untitled contexts have a feature store of their own.
     """
     import time
 
@@ -275,28 +301,43 @@ def train_probe_cli(
     layout = FeatureLayout(blocks or (DEFAULT_BLOCKS if encoding == "joint" else BASE_BLOCKS), depth, proxy.num_heads)
     cross = layout.needs_cross
     examples = read_hotpotqa(data, limit=limit, seed=seed)
+    mix = dict(title_mix or {"field": 1.0})
+    regime_of = dict(zip((ex.id for ex in examples), assign_title_regimes(len(examples), mix, seed), strict=True))
+    # the ``text`` regime reads the same tokens as ``field``: one store holds both
+    stores = {
+        titles: feature_store(cache_root, proxy, hotpot_store_name(data, cross=cross, titles=titles), depth, encoding)
+        for titles in ("field", "none")
+        if any((r == "none") == (titles == "none") for r in regime_of.values())
+    }
+
+    def store_of(ex: HotpotExample) -> FeatureStore:
+        return stores["none" if regime_of[ex.id] == "none" else "field"]
+
     if cached_only:
-        base = Path(data).name.split(".")[0] + ("-cross" if cross else "")
-        store = feature_store(cache_root, proxy, base, depth, encoding)
-        cached = store.ids()
-        examples = [ex for ex in examples if ex.id in cached]
+        cached = {titles: store.ids() for titles, store in stores.items()}
+        examples = [ex for ex in examples if ex.id in cached["none" if regime_of[ex.id] == "none" else "field"]]
         if not examples:
             raise DataNotFoundError(f"no cached features for {data} under {cache_root} (drop --cached-only)")
         logger.info("training on the %d cached questions", len(examples))
     else:
-        store = extract_hotpot(
-            data,
-            cache_root,
-            model=model,
-            dtype=dtype,
-            layers=depth,
-            limit=limit,
-            seed=seed,
-            cross=cross,
-            encoding=encoding,
-        )
+        for titles in stores:
+            extract_hotpot(
+                data,
+                cache_root,
+                model=model,
+                dtype=dtype,
+                layers=depth,
+                cross=cross,
+                encoding=encoding,
+                titles=titles,
+                examples=[ex for ex in examples if (regime_of[ex.id] == "none") == (titles == "none")],
+            )
+    features: dict[str, AttentionFeatures] = {}
+    for store in stores.values():
+        features.update(store.load(ex.id for ex in examples if store_of(ex) is store))
     tables: list[UnitTable] = []
-    X, y, groups = build_training_set(examples, store.load(ex.id for ex in examples), layout, tables=tables)
+    regimes = [regime_of[ex.id] for ex in examples]
+    X, y, groups = build_training_set(examples, features, layout, tables=tables, regimes=regimes)
     hotpot_questions = len(np.unique(groups))
     nq_questions = 0
     if nq_limit:
@@ -351,6 +392,7 @@ def train_probe_cli(
             "layers": depth,
             "precision": str(proxy.dtype).removeprefix("torch."),
             "context_stage": list(context or []),
+            "title_mix": mix,
         },
     )
     logger.info("probe trained in %.1f s on %d sentences (%d positive)", time.perf_counter() - t, len(y), y.sum())
