@@ -48,16 +48,14 @@ from answers import Reader, paired_bootstrap
 from common import data_dir
 
 from rag_opt.models.loader import default_device, default_dtype
-from rag_opt.training.datasets import NQExample, normalize_answer, nq_split, read_nq_multidoc
+from rag_opt.training.datasets import NQExample, nq_split, read_nq_multidoc
+from rag_opt.training.reader_calibration import best_subspan_em, reader_messages
+from rag_opt.training.reader_calibration import render_search_results as render
 
 logger = logging.getLogger("bench.litm")
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_READER = "embedded:qwen2.5-coder-0.5b"
 ORDERS = ("input", "lost_in_the_middle", "relevance", "calibrated", "attention_sort")
-INSTRUCTION = (
-    "Write a high-quality answer for the given question using only the provided search results "
-    "(some of which might be irrelevant). Answer with a short phrase only."
-)
 BASELINE = "input@full"
 GRIDS = {10: (0, 4, 9), 20: (0, 4, 9, 14, 19), 30: (0, 4, 9, 14, 19, 24, 29)}
 
@@ -89,26 +87,12 @@ def parse_conditions(orders: str, budgets: str) -> list[Condition]:
     return out
 
 
-def best_subspan_em(prediction: str, answers: list[str]) -> float:
-    """The paper's metric: a normalised gold answer is a substring of the normalised prediction."""
-    pred = normalize_answer(prediction)
-    return float(any(normalize_answer(a) and normalize_answer(a) in pred for a in answers))
-
-
 class LitmReader(Reader):
     """:class:`answers.Reader` with the paper's prompt: the instruction, the numbered documents, the question."""
 
     @staticmethod
     def messages(question: str, context: str) -> list[dict[str, str]]:
-        return [
-            {"role": "system", "content": INSTRUCTION},
-            {"role": "user", "content": f"{context}\n\nQuestion: {question}\nAnswer:"},
-        ]
-
-
-def render(documents: list[tuple[str, str]]) -> str:
-    """``Document [i](Title: t) text``, one per line, as in Liu et al. (2023)."""
-    return "\n".join(f"Document [{i}](Title: {title}) {text}" for i, (title, text) in enumerate(documents, 1))
+        return reader_messages(question, context)
 
 
 def contexts(opt: Any, ex: NQExample, n_docs: int, slot: int, conds: list[Condition]) -> dict[str, dict[str, Any]]:

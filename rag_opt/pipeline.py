@@ -22,6 +22,7 @@ from rag_opt.models.encoding_cache import EncodingCache, resolve_cache
 from rag_opt.models.prompt import DEFAULT_ENCODING, template_for
 from rag_opt.models.threads import ThreadPolicy
 from rag_opt.orderers.base import Orderer, OrdererResources, make_orderer
+from rag_opt.orderers.reader_profiles import ReaderProfileStore, reader_key
 from rag_opt.orderers.stage import order_stage
 from rag_opt.render import render_result
 from rag_opt.text.language import check_language
@@ -106,6 +107,9 @@ class ContextOptimizer:
         title_from_text: without a title field or metadata title, read a leading heading line of the text (a
             Markdown heading, or a short first line without end punctuation) as the title; the line stays in
             the text. ``OutputDocument.title_source`` says which title was used.
+        reader: the model that reads the optimized context, whose reader profile (``rag-opt calibrate --reader``)
+            places the documents under ``ordering="calibrated"`` (default: the request's ``target``). Without a
+            profile for it, the proxy's profile places them. ``OptimizeResult.placement_profile`` says which.
     """
 
     def __init__(
@@ -136,6 +140,7 @@ class ContextOptimizer:
         cache: EncodingCache | int | str | None = "auto",
         title_keys: Sequence[str] = DEFAULT_TITLE_KEYS,
         title_from_text: bool = True,
+        reader: str | None = None,
     ) -> None:
         self.budget = check_budget(ratio, target_tokens, threshold, budget) or Budget(ratio=DEFAULT_RATIO)
         self.ordering: OrderingName = check_ordering(ordering)
@@ -158,6 +163,9 @@ class ContextOptimizer:
         if not isinstance(title_from_text, bool):
             raise InvalidInputTypeError(f"title_from_text must be true or false, got {type(title_from_text).__name__}")
         self.title_from_text = title_from_text
+        if reader is not None and (not isinstance(reader, str) or not reader.strip()):
+            raise InvalidInputError("reader must be a non-empty model name")
+        self.reader = reader
         self.doc_probe = doc_probe
         self.calibrate = calibrate
         self.tier: Tier = check_tier(tier)
@@ -168,7 +176,8 @@ class ContextOptimizer:
         self._scorer: Scorer | None = scorer
         self._lexical: Scorer | None = None
         self._batcher: MicroBatcher | None = None
-        self._orderers: dict[str, Orderer] = {}
+        self._orderers: dict[tuple[str, str | None], Orderer] = {}
+        self._readers: ReaderProfileStore | None = None
         self._lock = threading.Lock()
 
     @property
@@ -228,16 +237,28 @@ class ContextOptimizer:
                 self._lexical = LexicalScorer()
             return self._lexical
 
-    def orderer(self, name: OrderingName | str) -> Orderer:
-        """The orderer registered as ``name``, built once with what it needs (the proxy model, the profiles)."""
+    def orderer(self, name: OrderingName | str, reader: str | None = None) -> Orderer:
+        """The orderer registered as ``name``, built once (per ``reader``, the model that reads the context) with
+        what it needs (the proxy model, the profiles)."""
         checked = check_ordering(name)
-        orderer = self._orderers.get(checked)
+        key = (checked, reader_key(reader) if reader and checked == "calibrated" else None)
+        orderer = self._orderers.get(key)
         if orderer is None:
             resources = OrdererResources(
-                proxy=lambda: self._proxy_for(checked), profiles=self._profiles, max_tokens=self.max_window_tokens
+                proxy=lambda: self._proxy_for(checked),
+                profiles=self._profiles,
+                max_tokens=self.max_window_tokens,
+                reader=key[1],
+                reader_profiles=self._reader_profiles,
             )
-            orderer = self._orderers[checked] = make_orderer(checked, resources)
+            orderer = self._orderers[key] = make_orderer(checked, resources)
         return orderer
+
+    def _reader_profiles(self) -> ReaderProfileStore:
+        with self._lock:
+            if self._readers is None:
+                self._readers = ReaderProfileStore()
+            return self._readers
 
     def _proxy_for(self, ordering: str) -> ProxyModel:
         """The scorer's proxy model (a scorer with a ``proxy``, e.g. the Sentinel scorer), for an orderer."""
@@ -296,7 +317,7 @@ class ContextOptimizer:
             raise InvalidInputError("optimize_batch needs a list of queries and a list of document lists, as long")
         t0 = time.perf_counter()
         budget = check_budget(ratio, target_tokens, threshold, budget) or self.budget
-        orderer = self.orderer(ordering or self.ordering)
+        orderer = self.orderer(ordering or self.ordering, self.reader or target or self.target)
         tier_ = check_tier(tier or self.tier)
         language_ = self.language if language is None else check_language(language)
         counter = self.counter if target is None else get_token_counter(target)
@@ -365,6 +386,7 @@ class ContextOptimizer:
             target_tokenizer=job.counter.name,
             timings=job.timings,
             warnings=warnings,
+            placement_profile=ordering.profile,
         )
 
 

@@ -28,6 +28,7 @@ def render_result(
     target_tokenizer: str,
     timings: Timings,
     warnings: list[str],
+    placement_profile: str | None = None,
 ) -> OptimizeResult:
     """Build the result: kept documents in ``permutation`` order (indices into the kept documents), dropped ones
     after, each with its kept spans, unit scores and token counts."""
@@ -54,6 +55,7 @@ def render_result(
         tier=tier if scores is not None else "none",  # type: ignore[arg-type]
         timings=timings,
         warnings=[*warnings, *selection.warnings],
+        placement_profile=placement_profile,
         **_reading(scores),
     )
 

@@ -277,6 +277,11 @@ class OptimizeResult(BaseModel):
         description="document scores are position-calibrated (document probe over calibrated attention)",
     )
     ordering: OrderingName = "input"
+    placement_profile: str | None = Field(
+        default=None,
+        description="calibrated ordering: the profile that placed the documents (the reader's, else the proxy's; "
+        "None: end placement, or another ordering)",
+    )
     tier: Literal["model", "lexical", "none"] = Field(
         default="none", description="which scorer tier ran: model, lexical, or none (nothing needed scoring)"
     )

@@ -22,6 +22,28 @@ def register(sub: Any) -> None:
         "--plot", default=None, help="where to write the PNG of the profile (default: next to the profile JSON)"
     )
     p.add_argument("--force", action="store_true", help="re-estimate even when a cached profile exists")
+    p.add_argument(
+        "--reader",
+        default=None,
+        help="measure the profile of the model that reads the context (the target LLM) instead of the proxy's: a "
+        "local model by its attention, or, with --upstream, a model behind an OpenAI-compatible API by its accuracy "
+        "per slot. ordering='calibrated' then places documents by it for that target",
+    )
+    p.add_argument(
+        "--upstream",
+        default=None,
+        help="the reader's OpenAI-compatible base URL, e.g. http://localhost:8080/v1 (default $RAG_OPT_UPSTREAM when "
+        "--reader is not a local model): accuracy per slot, through the API",
+    )
+    p.add_argument(
+        "--upstream-api-key", default=None, help="bearer key for --upstream (default $RAG_OPT_UPSTREAM_API_KEY)"
+    )
+    p.add_argument(
+        "--max-requests",
+        type=int,
+        default=200,
+        help="at most this many API requests for an accuracy profile (spread over the measured slots; default 200)",
+    )
     add_model_args(p)
     p.set_defaults(handler=_calibrate)
 
@@ -154,6 +176,10 @@ def _blocks(arg: str | None) -> tuple[str, ...] | None:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
+    if args.reader is not None:
+        from rag_opt.cli.reader_calibration import calibrate_reader
+
+        return calibrate_reader(args)
     from rag_opt.models.loader import load_proxy_model
     from rag_opt.orderers.profiles import ProfileStore
     from rag_opt.training.calibration import estimate_profile, nq_calibration_contexts, plot_profile

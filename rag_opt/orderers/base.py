@@ -18,6 +18,7 @@ from rag_opt.types import ORDERING_NAMES, OrderingName, check_ordering
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.models.loader import ProxyModel
     from rag_opt.orderers.profiles import ProfileStore
+    from rag_opt.orderers.reader_profiles import ReaderProfileStore
 
 __all__ = [
     "ORDERERS",
@@ -44,17 +45,21 @@ class Ordering:
 
     permutation: list[int]
     warnings: list[str] = field(default_factory=list)
+    profile: str | None = None  # the profile that placed the documents (calibrated placement), in a few words
 
 
 @dataclass
 class OrdererResources:
     """What an orderer may need, handed over when it is built. ``proxy`` and ``profiles`` are called only by
     orderers that need them (loading the proxy model is not free); ``proxy`` raises a
-    :class:`~rag_opt.errors.ConfigurationError` when no proxy model is available."""
+    :class:`~rag_opt.errors.ConfigurationError` when no proxy model is available. ``reader``: the model that
+    reads the context (None: unknown), and ``reader_profiles`` the store of readers' profiles."""
 
     proxy: Callable[[], ProxyModel]
     profiles: Callable[[], ProfileStore | None]
     max_tokens: int = 8192
+    reader: str | None = None
+    reader_profiles: Callable[[], ReaderProfileStore | None] = lambda: None
 
 
 @runtime_checkable

@@ -226,6 +226,11 @@ class CompressResponse(BaseModel):
     token_budget: int | None = None
     target_tokenizer: str | None = None
     ordering: str
+    placement_profile: str | None = Field(
+        default=None,
+        description="ordering 'calibrated': the profile that placed the documents (the reader's, else the proxy's; "
+        "null: end placement, or another ordering)",
+    )
     language: str
     timings: CompressTimings
     warnings: list[str] = Field(default_factory=list)
@@ -419,6 +424,7 @@ class Compressor:
             target_tokenizer=result.target_tokenizer,
             timings=CompressTimings(total_ms=ms, optimizer=result.timings),
             warnings=result.warnings,
+            placement_profile=result.placement_profile,
             **common,
             **reading,
         )
