@@ -9,7 +9,7 @@ ratio outside (0, 1], ``ratio`` and ``target_tokens`` together) come back as too
 which names the document and the field; a missing argument or one of the wrong type is refused by the MCP SDK with
 its own validation message.
 
-A call is limited as ``rag-opt serve`` limits a request (:class:`~rag_opt.server.settings.ServiceLimits`, the same
+A call is limited as ``rag-opt serve`` limits a request (:class:`~rag_opt.server.service_limits.ServiceLimits`, the same
 flags and ``RAG_OPT_*`` variables): more than ``max_documents`` documents is refused before anything runs; a
 question over ``max_question_tokens``, a context over ``max_units`` or ``max_proxy_tokens`` stop the optimization
 before its expensive stages; an optimization still running after ``time_budget_ms`` (counted once the proxy model
@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from rag_opt.errors import Cancelled, ConfigurationError, InvalidInputError, RagOptError, WorkLimitExceeded
 from rag_opt.install import install_hint
-from rag_opt.server.settings import ServiceLimits
+from rag_opt.server.service_limits import ServiceLimits
 from rag_opt.work import scope
 
 if TYPE_CHECKING:  # pragma: no cover

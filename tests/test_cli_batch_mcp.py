@@ -123,7 +123,8 @@ def test_batch_reads_bad_rows_into_an_arrow_table(tmp_path):
 
 
 def test_mcp_limits_are_the_servers_settings(capsys):
-    from rag_opt.server.settings import SERVICE_LIMITS, ProxySettings, ServiceLimits
+    from rag_opt.server.service_limits import SERVICE_LIMITS, ServiceLimits
+    from rag_opt.server.settings import ProxySettings
 
     with pytest.raises(SystemExit):
         main(["mcp", "--help"])

@@ -647,7 +647,7 @@ def test_serve_flags_are_generated_from_the_settings(capsys):
     import argparse
 
     from rag_opt.cli import build_parser
-    from rag_opt.server.settings import add_settings_arguments, settings_from_args
+    from rag_opt.server.settings_cli import add_settings_arguments, settings_from_args
 
     parser = argparse.ArgumentParser()
     add_settings_arguments(parser)

@@ -16,7 +16,8 @@ import pytest
 from rag_opt.errors import ConfigurationError
 from rag_opt.models.encoding_cache import DEFAULT_CACHE_BYTES, EncodingCache
 from rag_opt.models.prompt import DEFAULT_ENCODING
-from rag_opt.server.settings import ProxySettings, add_settings_arguments, settings_from_args
+from rag_opt.server.settings import ProxySettings
+from rag_opt.server.settings_cli import add_settings_arguments, settings_from_args
 from rag_opt.server.state import ProxyState, build_encoding_cache
 from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION, blocks
 from tests.upstream_server import FakeUpstream, ServerThread, parse_metrics, serve_proxy

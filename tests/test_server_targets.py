@@ -16,7 +16,8 @@ import pytest
 import tiktoken.load
 
 from rag_opt.server.app import create_app
-from rag_opt.server.settings import ProxySettings, add_settings_arguments, settings_from_args
+from rag_opt.server.settings import ProxySettings
+from rag_opt.server.settings_cli import add_settings_arguments, settings_from_args
 from rag_opt.text import tokens
 from rag_opt.text.tokens import get_token_counter
 from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION

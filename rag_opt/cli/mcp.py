@@ -38,7 +38,8 @@ def register(sub: Any) -> None:
     )
     add_engine_args(p)
     add_budget_args(p)
-    from rag_opt.server.settings import SERVICE_LIMITS, add_settings_arguments
+    from rag_opt.server.service_limits import SERVICE_LIMITS
+    from rag_opt.server.settings_cli import add_settings_arguments
 
     add_settings_arguments(p.add_argument_group("limits"), names=SERVICE_LIMITS, descriptions=_LIMIT_HELP)
     p.set_defaults(handler=_mcp)
@@ -52,7 +53,7 @@ def _mcp(args: argparse.Namespace) -> int:
     from rag_opt.mcp_server import serve_stdio
     from rag_opt.native_memory import tune_native_memory
     from rag_opt.pipeline import ContextOptimizer
-    from rag_opt.server.settings import SERVICE_LIMITS, ServiceLimits
+    from rag_opt.server.service_limits import SERVICE_LIMITS, ServiceLimits
 
     tune_native_memory()  # a long-running process: keep native memory flat (before the model loads)
 

@@ -18,7 +18,7 @@ _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def register(sub: Any) -> None:
-    from rag_opt.server.settings import add_settings_arguments
+    from rag_opt.server.settings_cli import add_settings_arguments
 
     p = sub.add_parser(
         "serve",
@@ -44,7 +44,8 @@ def _serve(args: argparse.Namespace) -> int:
     from rag_opt.server.http import uvicorn_options
 
     tune_native_memory()  # a long-running process: keep native memory flat (before the model loads)
-    from rag_opt.server.settings import redact_url, settings_from_args
+    from rag_opt.server.settings import redact_url
+    from rag_opt.server.settings_cli import settings_from_args
 
     settings = settings_from_args(args)
     if settings.probe not in (None, "auto", "none"):  # validate a probe file before serving (not at first use)

@@ -41,6 +41,7 @@ from rag_opt.server.engine import Attempt, Engine, Job, TierChoice, overloaded_r
 from rag_opt.server.errors import Overloaded, RequestError, error_response
 from rag_opt.server.pool import off_loop
 from rag_opt.server.request import decode_body, json_type
+from rag_opt.server.settings import BUDGET_FIELDS  # also accepted at the top level of a request
 from rag_opt.server.state import ProxyState
 from rag_opt.text.language import check_language
 from rag_opt.types import Budget, OptimizeResult, OrderingName, Timings, check_ordering
@@ -65,7 +66,6 @@ COMPRESS_PATH = "/v1/compress"
 SCHEMA_PATH = "/v1/compress/schema"
 _STRICT = ConfigDict(extra="forbid", strict=True)  # strict: JSON types are not coerced ("0.5", true)
 _DOC_MODEL = "CompressDocument"  # the tag of a document object's errors
-_BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")  # also accepted at the top level of a request
 
 
 class CompressDocument(BaseModel):
@@ -147,7 +147,7 @@ class CompressRequest(BaseModel):
             if "question" in data:
                 raise ValueError("give the question once: as question or as query (its alias), not both")
             data["question"] = data.pop("query")
-        flat = {k: data.pop(k) for k in _BUDGET_FIELDS if k in data}
+        flat = {k: data.pop(k) for k in BUDGET_FIELDS if k in data}
         if flat:
             if "budget" in data:
                 raise ValueError(

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rag_opt.errors import InvalidInputError
 from rag_opt.server.errors import RequestError
+from rag_opt.server.settings import BUDGET_FIELDS  # also accepted at the top level of a request
 from rag_opt.text.language import check_language
 from rag_opt.types import Budget, Document, check_ordering, to_documents
 
@@ -46,7 +47,6 @@ __all__ = [
 
 EXTENSION_FIELD = "rag_opt"
 HEADER_PREFIX = "x-ragopt-"
-_BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _HEADERS = ("ratio", "target-tokens", "threshold", "ordering", "language", "disable")
@@ -222,10 +222,10 @@ def parse_request(
     if EXTENSION_FIELD in body:
         ext, docs = _extension(body[EXTENSION_FIELD])
         if ext.ratio is not None or ext.target_tokens is not None or ext.threshold is not None:
-            for k in _BUDGET_FIELDS:
+            for k in BUDGET_FIELDS:
                 opts.pop(k, None)
         opts.update(ext.model_dump(exclude={"documents"}, exclude_unset=True, exclude_none=True))
-    limits = {k: opts.pop(k) for k in _BUDGET_FIELDS if k in opts}
+    limits = {k: opts.pop(k) for k in BUDGET_FIELDS if k in opts}
     return body, Options(budget=Budget(**limits) if limits else None, **opts), docs
 
 

@@ -9,23 +9,19 @@ flag ``--<name>`` with dashes, or a flag of its own: ``--proxy-model`` is ``--mo
 ``RAG_OPT_ENCODING_CACHE_DIR``: ``RAG_OPT_CACHE_DIR`` is rag-opt's general cache folder). A boolean that is on by
 default is turned off by ``--no-<name>``. A variable set to an empty value counts as unset, except a key
 (``RAG_OPT_API_KEY``, ``RAG_OPT_UPSTREAM_API_KEY``): an empty one is refused, as ``--api-key ""`` is.
-:func:`add_settings_arguments` generates the flags from the model's fields, :func:`settings_from_args` reads them
-back.
+:func:`rag_opt.server.settings_cli.add_settings_arguments` generates the flags from the model's fields, and
+:func:`rag_opt.server.settings_cli.settings_from_args` reads them back.
 """
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import os
 import re
-import types
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal, Union, get_args, get_origin
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic.fields import FieldInfo
 
 from rag_opt.errors import ConfigurationError, InvalidInputError
 from rag_opt.models.encoding_cache import DEFAULT_CACHE_BYTES
@@ -33,23 +29,18 @@ from rag_opt.models.prompt import DEFAULT_ENCODING, ENCODINGS, template_for
 from rag_opt.text.language import check_language
 from rag_opt.text.titles import DEFAULT_TITLE_KEYS
 from rag_opt.types import DEFAULT_RATIO, ORDERING_NAMES, Budget, check_ordering
-from rag_opt.work import WorkLimits
 
 __all__ = [
+    "BUDGET_FIELDS",
     "ENV_PREFIX",
     "MIN_PROXY_KEY_CHARS",
-    "SERVICE_LIMITS",
     "ProxySettings",
-    "ServiceLimits",
-    "add_settings_arguments",
-    "cli_flag",
     "connection_limit",
     "redact_url",
-    "settings_from_args",
 ]
 
 ENV_PREFIX = "RAG_OPT_"
-_BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")
+BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")
 _SECRETS = ("api_key", "upstream_api_key", "gemini_upstream_api_key")
 FD_RESERVE = 64  # file descriptors kept for the listening socket, logs, model files, ...
 MIN_PROXY_KEY_CHARS = 16  # a proxy key is removed wherever it appears in a header: shorter ones match by chance
@@ -450,7 +441,7 @@ class ProxySettings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _default_budget(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and all(data.get(k) is None for k in _BUDGET_FIELDS):
+        if isinstance(data, Mapping) and all(data.get(k) is None for k in BUDGET_FIELDS):
             data = {**data, "ratio": DEFAULT_RATIO}
         return data
 
@@ -472,6 +463,8 @@ class ProxySettings(BaseModel):
         :class:`~rag_opt.errors.ConfigurationError` (a ``ValueError``) with one readable line per invalid
         setting, naming where it came from.
         """
+        from rag_opt.server.settings_cli import cli_flag  # the flags are generated from this model
+
         env = os.environ if env is None else env
         data: dict[str, Any] = {}
         origin: dict[str, str] = {}
@@ -486,8 +479,8 @@ class ProxySettings(BaseModel):
                 data[name] = raw.strip()
                 origin[name] = ENV_PREFIX + name.upper()
         cli_values = {k: v for k, v in (cli or {}).items() if v is not None}
-        if any(k in cli_values for k in _BUDGET_FIELDS):
-            for k in _BUDGET_FIELDS:
+        if any(k in cli_values for k in BUDGET_FIELDS):
+            for k in BUDGET_FIELDS:
                 data.pop(k, None)
         for k, v in cli_values.items():
             data[k] = v
@@ -505,142 +498,3 @@ class ProxySettings(BaseModel):
                 where = f"{field} (from {origin[field]})" if field in origin else field or "settings"
                 lines.append(f"invalid {where}: {err['msg'].removeprefix('Value error, ')}")
             raise ConfigurationError("; ".join(lines)) from None
-
-
-# the limits on one optimization that every rag-opt service applies (rag-opt serve, rag-opt mcp)
-SERVICE_LIMITS = (
-    "max_documents",
-    "max_question_tokens",
-    "max_units",
-    "max_proxy_tokens",
-    "time_budget_ms",
-    "max_body_bytes",
-)
-
-
-@dataclass(frozen=True)
-class ServiceLimits:
-    """The :data:`SERVICE_LIMITS` of a service: their defaults, bounds, flags and ``RAG_OPT_*`` variables are the
-    :class:`ProxySettings` fields of the same names, so ``rag-opt mcp`` limits a call as ``rag-opt serve`` limits
-    a request."""
-
-    max_documents: int
-    max_question_tokens: int
-    max_units: int
-    max_proxy_tokens: int
-    time_budget_ms: float
-    max_body_bytes: int
-
-    @classmethod
-    def of(cls, settings: ProxySettings) -> ServiceLimits:
-        return cls(**{name: getattr(settings, name) for name in SERVICE_LIMITS})
-
-    @classmethod
-    def from_sources(cls, cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> ServiceLimits:
-        """The limits from command-line values (None = not given) over their ``RAG_OPT_*`` variables, validated
-        as :meth:`ProxySettings.from_sources` validates them (the same messages)."""
-        env = os.environ if env is None else env
-        variables = {ENV_PREFIX + name.upper() for name in SERVICE_LIMITS}
-        given = {k: v for k, v in (cli or {}).items() if k in SERVICE_LIMITS}
-        settings = ProxySettings.from_sources(
-            {**given, "upstream": "http://limits.invalid"}, {k: v for k, v in env.items() if k in variables}
-        )
-        return cls.of(settings)
-
-    @property
-    def time_budget_s(self) -> float:
-        return self.time_budget_ms / 1e3
-
-    def work_limits(self) -> WorkLimits:
-        """The limits :func:`rag_opt.work.scope` enforces inside an optimization."""
-        return WorkLimits(
-            max_units=self.max_units,
-            max_proxy_tokens=self.max_proxy_tokens,
-            max_question_tokens=self.max_question_tokens,
-        )
-
-
-# -- the command line -----------------------------------------------------------------------------------------------
-def _extra(info: FieldInfo) -> dict[str, Any]:
-    extra = info.json_schema_extra
-    return extra if isinstance(extra, dict) else {}
-
-
-def _base_type(annotation: Any) -> Any:
-    """``X`` of ``X | None``."""
-    if get_origin(annotation) in (Union, types.UnionType):
-        args = [a for a in get_args(annotation) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return annotation
-
-
-def cli_flag(name: str) -> str:
-    """The command-line flag of setting ``name``: ``--<name>`` with dashes, ``--no-<name>`` for a boolean that
-    is on by default, or the field's own (``--model`` for ``proxy_model``)."""
-    info = ProxySettings.model_fields[name]
-    flag = _extra(info).get("flag")
-    if isinstance(flag, str):
-        return flag
-    dashed = name.replace("_", "-")
-    return f"--no-{dashed}" if _base_type(info.annotation) is bool and info.default is True else f"--{dashed}"
-
-
-def _help(name: str, info: FieldInfo, description: str | None = None) -> str:
-    text = description or info.description or name.replace("_", " ")
-    base = _base_type(info.annotation)
-    if base is bool:
-        text = f"turn off (on by default): {text}" if info.default is True else f"{text} (off by default)"
-    elif not info.is_required() and info.default is not None:
-        default = info.default
-        shown = str(int(default)) if isinstance(default, float) and default.is_integer() else str(default)
-        text += f" (default: {shown})"
-    if base is SecretStr:
-        text += f" (prefer {ENV_PREFIX}{name.upper()}: the command line is visible to other users)"
-    elif isinstance(_extra(info).get("flag"), str):  # a flag of its own: its variable is not RAG_OPT_<FLAG>
-        text += f" (environment: {ENV_PREFIX}{name.upper()})"
-    return text.replace("%", "%%")
-
-
-def add_settings_arguments(
-    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-    names: Collection[str] | None = None,
-    descriptions: Mapping[str, str] | None = None,
-) -> None:
-    """Add one command-line flag per :class:`ProxySettings` field to ``parser`` (help: the field's description;
-    ``--ratio``, ``--target-tokens`` and ``--threshold`` exclude each other). A flag not given leaves its
-    attribute None, so :func:`settings_from_args` falls back to the environment, then the default. ``names``:
-    only these fields (another command's flags for the same settings, e.g. :data:`SERVICE_LIMITS`), described by
-    ``descriptions`` where it has one of its own (its default, bounds and variable stay the field's)."""
-    wanted = set(ProxySettings.model_fields if names is None else names)
-    budget = parser.add_mutually_exclusive_group() if wanted & set(_BUDGET_FIELDS) else parser
-    for name, info in ProxySettings.model_fields.items():
-        if name not in wanted:
-            continue
-        flag, base = cli_flag(name), _base_type(info.annotation)
-        target = budget if name in _BUDGET_FIELDS else parser
-        described = (descriptions or {}).get(name)
-        if base is bool:
-            target.add_argument(
-                flag, dest=name, action="store_const", const=not info.default, help=_help(name, info, described)
-            )
-            continue
-        kwargs: dict[str, Any] = {
-            "dest": name,
-            "help": _help(name, info, described),
-            "type": base if base in (int, float) else str,
-        }
-        choices = list(get_args(base)) if get_origin(base) is Literal else _extra(info).get("choices")
-        if choices:
-            kwargs["choices"] = choices
-        else:
-            kwargs["metavar"] = _extra(info).get("metavar", flag.removeprefix("--").replace("-", "_").upper())
-        target.add_argument(flag, **kwargs)
-
-
-def settings_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> ProxySettings:
-    """:class:`ProxySettings` from the flags of :func:`add_settings_arguments` over the ``RAG_OPT_*``
-    environment variables (``env``, default ``os.environ``); raises
-    :class:`~rag_opt.errors.ConfigurationError` naming each invalid setting and where it came from."""
-    cli = {name: getattr(args, name, None) for name in ProxySettings.model_fields}
-    return ProxySettings.from_sources(cli, env)

@@ -1,0 +1,102 @@
+"""The command line of :class:`~rag_opt.server.settings.ProxySettings`: one flag per field, generated from the model
+(:func:`add_settings_arguments`), and the settings read back from them over the ``RAG_OPT_*`` environment
+(:func:`settings_from_args`). Flag names: :func:`cli_flag`."""
+
+from __future__ import annotations
+
+import argparse
+import types
+from collections.abc import Collection, Mapping
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic import SecretStr
+from pydantic.fields import FieldInfo
+
+from rag_opt.server.settings import BUDGET_FIELDS, ENV_PREFIX, ProxySettings
+
+__all__ = ["add_settings_arguments", "cli_flag", "settings_from_args"]
+
+
+def _extra(info: FieldInfo) -> dict[str, Any]:
+    extra = info.json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
+def _base_type(annotation: Any) -> Any:
+    """``X`` of ``X | None``."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def cli_flag(name: str) -> str:
+    """The command-line flag of setting ``name``: ``--<name>`` with dashes, ``--no-<name>`` for a boolean that
+    is on by default, or the field's own (``--model`` for ``proxy_model``)."""
+    info = ProxySettings.model_fields[name]
+    flag = _extra(info).get("flag")
+    if isinstance(flag, str):
+        return flag
+    dashed = name.replace("_", "-")
+    return f"--no-{dashed}" if _base_type(info.annotation) is bool and info.default is True else f"--{dashed}"
+
+
+def _help(name: str, info: FieldInfo, description: str | None = None) -> str:
+    text = description or info.description or name.replace("_", " ")
+    base = _base_type(info.annotation)
+    if base is bool:
+        text = f"turn off (on by default): {text}" if info.default is True else f"{text} (off by default)"
+    elif not info.is_required() and info.default is not None:
+        default = info.default
+        shown = str(int(default)) if isinstance(default, float) and default.is_integer() else str(default)
+        text += f" (default: {shown})"
+    if base is SecretStr:
+        text += f" (prefer {ENV_PREFIX}{name.upper()}: the command line is visible to other users)"
+    elif isinstance(_extra(info).get("flag"), str):  # a flag of its own: its variable is not RAG_OPT_<FLAG>
+        text += f" (environment: {ENV_PREFIX}{name.upper()})"
+    return text.replace("%", "%%")
+
+
+def add_settings_arguments(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    names: Collection[str] | None = None,
+    descriptions: Mapping[str, str] | None = None,
+) -> None:
+    """Add one command-line flag per :class:`ProxySettings` field to ``parser`` (help: the field's description;
+    ``--ratio``, ``--target-tokens`` and ``--threshold`` exclude each other). A flag not given leaves its
+    attribute None, so :func:`settings_from_args` falls back to the environment, then the default. ``names``:
+    only these fields (another command's flags for the same settings, e.g. :data:`SERVICE_LIMITS`), described by
+    ``descriptions`` where it has one of its own (its default, bounds and variable stay the field's)."""
+    wanted = set(ProxySettings.model_fields if names is None else names)
+    budget = parser.add_mutually_exclusive_group() if wanted & set(BUDGET_FIELDS) else parser
+    for name, info in ProxySettings.model_fields.items():
+        if name not in wanted:
+            continue
+        flag, base = cli_flag(name), _base_type(info.annotation)
+        target = budget if name in BUDGET_FIELDS else parser
+        described = (descriptions or {}).get(name)
+        if base is bool:
+            target.add_argument(
+                flag, dest=name, action="store_const", const=not info.default, help=_help(name, info, described)
+            )
+            continue
+        kwargs: dict[str, Any] = {
+            "dest": name,
+            "help": _help(name, info, described),
+            "type": base if base in (int, float) else str,
+        }
+        choices = list(get_args(base)) if get_origin(base) is Literal else _extra(info).get("choices")
+        if choices:
+            kwargs["choices"] = choices
+        else:
+            kwargs["metavar"] = _extra(info).get("metavar", flag.removeprefix("--").replace("-", "_").upper())
+        target.add_argument(flag, **kwargs)
+
+
+def settings_from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> ProxySettings:
+    """:class:`ProxySettings` from the flags of :func:`add_settings_arguments` over the ``RAG_OPT_*``
+    environment variables (``env``, default ``os.environ``); raises
+    :class:`~rag_opt.errors.ConfigurationError` naming each invalid setting and where it came from."""
+    cli = {name: getattr(args, name, None) for name in ProxySettings.model_fields}
+    return ProxySettings.from_sources(cli, env)
