@@ -322,3 +322,33 @@ def test_a_document_set_is_read_across_once_for_every_question(proxy, monkeypatc
     np.testing.assert_array_equal(
         extract(proxy, docs, "q?", layers=2, encoding="parallel", cross=True).cross, first.cross
     )
+
+
+def test_a_question_pass_over_the_same_documents_reuses_their_assembled_states(proxy):
+    """Questions over one document set copy its cached states into the pass's buffer once: the next question
+    reuses the buffer, and reads exactly what a fresh one gives (its own states overwrite the room after them)."""
+    from rag_opt.models import parallel
+    from rag_opt.models.encoding_cache import EncodingCache
+    from rag_opt.models.extract import extract
+
+    a, b, c = hotpot_dev(3)
+    docs = _docs(a, 3)
+    cache = EncodingCache()
+    proxy.question_buffers.clear()
+    first = extract(proxy, docs, a["question"], layers=4, encoding="parallel", cache=cache)
+    assert len(proxy.question_buffers) == 1
+    (buf,) = [entry.buf for entry in proxy.question_buffers.values()]
+    longer = b["question"] + " " + c["question"]  # another question, longer than the first
+    reused = extract(proxy, docs, longer, layers=4, encoding="parallel", cache=cache)
+    assert len(proxy.question_buffers) == 1 and next(iter(proxy.question_buffers.values())).buf is buf
+    proxy.question_buffers.clear()  # the same question with a fresh buffer
+    fresh = extract(proxy, docs, longer, layers=4, encoding="parallel", cache=cache)
+    np.testing.assert_array_equal(reused.unit, fresh.unit)
+    np.testing.assert_array_equal(reused.doc_mass, fresh.doc_mass)
+    again = extract(proxy, docs, a["question"], layers=4, encoding="parallel", cache=cache)
+    np.testing.assert_array_equal(again.unit, first.unit)  # the longer question left nothing behind
+    # another depth, a question longer than the room, and other documents get buffers of their own; few are kept
+    extract(proxy, docs, a["question"], layers=2, encoding="parallel", cache=cache)
+    extract(proxy, docs, "why " * (parallel.QUESTION_ROOM + 8), layers=4, encoding="parallel", cache=cache)
+    extract(proxy, _docs(c, 2), c["question"], layers=4, encoding="parallel", cache=cache)
+    assert len(proxy.question_buffers) == parallel.ASSEMBLED_KEEP

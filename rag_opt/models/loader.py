@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -79,6 +80,8 @@ class ProxyModel:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     threads: ThreadPolicy = field(default_factory=ThreadPolicy)
     precision_name: str | None = None  # what it was loaded as ("int8" runs float32 activations); None: from dtype
+    # the last question passes' assembled key/value buffers (rag_opt.models.parallel; used under ``lock``)
+    question_buffers: OrderedDict[tuple[int, ...], Any] = field(default_factory=OrderedDict, repr=False, compare=False)
 
     @property
     def precision(self) -> str:

@@ -297,19 +297,7 @@ def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: 
     lengths = [rows[m[0]].length for m in members]
     questions = [[len(rows[i].prompt.question_ids) for i in m] for m in members]
     c_max, s_max = max(lengths), max(sum(q) for q in questions)
-    first = rows[0].parts[0]
-    # one buffer (2, layers, B, KVH, c_max + s_max, d), each part copied once into place, with room after the
-    # cached states for the pass's own (written there layer by layer: Capture.room_at): every layer's keys and
-    # values are then contiguous views, and nothing is copied again (padding is zeroed and masked)
-    buf = first.new_empty(2, depth, len(members), first.shape[2], c_max + s_max, first.shape[4])
-    for b, m in enumerate(members):
-        pos = 0
-        for part in rows[m[0]].parts:
-            n = int(part.shape[3])
-            buf[:, :, b, :, pos : pos + n] = part[:, :depth]
-            pos += n
-        buf[:, :, b, :, pos:] = 0
-    buf = buf.to(dev)
+    buf = _assembled(proxy, [rows[m[0]].parts for m in members], depth, c_max, s_max)
     past = {layer: (buf[0, layer], buf[1, layer]) for layer in range(depth)}
     pad = proxy.tokenizer.pad_token_id
     pad = pad if pad is not None else proxy.tokenizer.eos_token_id or 0
@@ -358,6 +346,58 @@ def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: 
             "does not dispatch through transformers' AttentionInterface"
         )
     return capture
+
+
+ASSEMBLED_KEEP = 1  # question-pass buffers kept per proxy model (each 2 x layers x KVH x tokens x d floats)
+ASSEMBLED_MAX_BYTES = 128 << 20  # a larger one is not kept (10 HotpotQA paragraphs at 16 layers: ~32 MiB in fp32)
+QUESTION_ROOM = 128  # room a kept buffer has for a question pass's own tokens (more: a new buffer)
+
+
+@dataclass
+class _Assembled:
+    parts: tuple[torch.Tensor, ...]  # held: their ids in the key stay theirs
+    depth: int
+    buf: torch.Tensor
+
+
+def _assembled(
+    proxy: ProxyModel, row_parts: Sequence[Sequence[torch.Tensor]], depth: int, c_max: int, s_max: int
+) -> torch.Tensor:
+    """The buffer ``(2, layers, B, KVH, c_max + room, d)`` of a question pass: each batch row's cached parts copied
+    once into place, with room after them for the pass's own keys and values (written there layer by layer:
+    :attr:`Capture.room_at`), so every layer's keys and values are contiguous views and nothing is copied again
+    (padding is zeroed and masked).
+
+    A pass of one batch row over the same parts as a recent one (another question over the same documents) reuses
+    that pass's buffer: the parts are copied once, not per question. The last :data:`ASSEMBLED_KEEP` buffers of at
+    most :data:`ASSEMBLED_MAX_BYTES` are kept per proxy model; the caller holds ``proxy.lock`` (a buffer is written
+    by the pass that uses it)."""
+    first = row_parts[0][0]
+    key: tuple[int, ...] | None = None
+    if len(row_parts) == 1:
+        key = tuple(id(p) for p in row_parts[0])
+        memo = proxy.question_buffers
+        hit = memo.get(key)
+        if hit is not None and hit.depth == depth and hit.buf.shape[4] >= c_max + s_max:
+            memo.move_to_end(key)
+            return hit.buf
+    room = max(s_max, QUESTION_ROOM) if key is not None else s_max
+    buf = first.new_empty(2, depth, len(row_parts), first.shape[2], c_max + room, first.shape[4])
+    for b, parts in enumerate(row_parts):
+        pos = 0
+        for part in parts:
+            n = int(part.shape[3])
+            buf[:, :, b, :, pos : pos + n] = part[:, :depth]
+            pos += n
+        buf[:, :, b, :, pos:] = 0
+    buf = buf.to(proxy.device)
+    if key is not None and buf.numel() * buf.element_size() <= ASSEMBLED_MAX_BYTES:
+        memo = proxy.question_buffers
+        memo[key] = _Assembled(tuple(row_parts[0]), depth, buf)
+        memo.move_to_end(key)
+        while len(memo) > ASSEMBLED_KEEP:
+            memo.popitem(last=False)
+    return buf
 
 
 def context_positions(prompt: ParallelPrompt) -> tuple[list[int], list[int]]:
