@@ -6,6 +6,10 @@ and key states (rotary embeddings already applied, GQA key heads repeated), rest
 This is exactly eager attention renormalised over the context, at the cost of ``rows × context`` dot products
 per head instead of a full ``T × T`` matrix (never ``output_attentions=True``).
 
+A question pass of parallel encoding (:mod:`rag_opt.models.parallel`: every query row is a question's token, and
+the capture reads them all) computes its attention once, question by question, for both the recorded rows and the
+layer's output (:func:`_question_attention`), instead of SDPA plus a second product.
+
 Optionally (``CaptureItem.sources``) it also reads *cross-document* rows: the attention of the last token of each
 sentence over the context before it (causal), summed per unit, for the units of *other, earlier* documents only —
 how much the documents that follow read each sentence. These rows are computed in chunks, so memory stays
@@ -45,6 +49,10 @@ class CaptureItem:
     source_bias: torch.Tensor | None = None  # (S, C)
     source_weight: torch.Tensor | None = None  # (S, C)
     row: int | None = None  # the batch row it reads (None: its own index in the capture's items)
+    # a question pass (rag_opt.models.parallel): the pass's rows [start, end) that are this question's tokens, and
+    # how many cached tokens its batch row holds (its keys/values before the pass's own, at Capture.room_at)
+    rows: tuple[int, int] | None = None
+    cached: int | None = None
 
 
 @dataclass
@@ -116,6 +124,8 @@ def _rows_attention(
             capture.kv[index] = (key, value)
         if capture.keep_q is not None:
             capture.q[index] = [query[b].index_select(1, rows) for b, rows in enumerate(capture.keep_q)]
+        if capture.past is not None and all(it.rows is not None and it.sources is None for it in capture.items):
+            return _question_attention(capture, module, query, key, value, scaling), None
         layer = _record(capture, module, query, key, scaling)
         if capture.stop_after is not None and layer >= capture.stop_after:
             raise StopForward
@@ -147,6 +157,79 @@ def _grouped_sdpa(
         mask = mask[..., : key.shape[2]]
     out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
     return out.reshape(b, h, t, d).transpose(1, 2).contiguous()
+
+
+def _question_attention(
+    capture: Capture, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
+    """A question pass's attention, question by question, computed once for both uses.
+
+    Every token of a question pass belongs to one question (:attr:`CaptureItem.rows`), which reads its row's
+    cached tokens and, causally, its own tokens, never another question's. So each question's attention is a
+    small product over exactly those keys (grouped-query heads read their shared key/value head without
+    repeating it), in float32: its probabilities give the recorded rows (renormalised over the context tokens, as
+    :func:`_record` computes them) and, times the values, the layer's output. This replaces SDPA over the whole
+    packed row plus a second product for the recorded rows. Returns ``(B, T, H, d)`` like transformers' SDPA
+    function; raises :class:`StopForward` after the last layer needed, before its output is computed."""
+    import torch
+
+    b_, h, t, d = query.shape
+    kvh = key.shape[1]
+    g = h // kvh
+    scale = scaling if scaling is not None else d**-0.5
+    room = int(capture.room_at or 0)
+    layer = int(getattr(module, "layer_idx", len(capture.sums)))
+    last = capture.stop_after is not None and layer >= capture.stop_after
+    out = None if last else query.new_zeros(b_, h, t, d)
+    per_item: list[torch.Tensor] = []
+    for i, item in enumerate(capture.items):
+        b = i if item.row is None else item.row
+        assert item.rows is not None and item.cached is not None
+        a, e = item.rows
+        n, c = e - a, item.cached
+        k = torch.cat([key[b, :, :c], key[b, :, room + a : room + e]], dim=1).float()  # (KVH, c + n, d)
+        q = query[b, :, a:e].float().reshape(kvh, g * n, d)  # head k*g + j reads key/value head k
+        logits = torch.matmul(q, k.transpose(-1, -2)).reshape(h, n, c + n)
+        logits.mul_(scale)
+        logits[:, :, c:].masked_fill_(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+        probs = torch.softmax(logits, dim=-1)  # (H, n, c + n)
+        per_item.append(_question_sums(item, probs, a, c))
+        if out is not None:
+            v = torch.cat([value[b, :, :c], value[b, :, room + a : room + e]], dim=1).float()
+            out[b, :, a:e] = torch.matmul(probs.reshape(kvh, g * n, c + n), v).reshape(h, n, d).to(out.dtype)
+    capture.sums[layer] = per_item
+    capture.cross[layer] = [None] * len(per_item)
+    if out is None:
+        raise StopForward
+    return out.transpose(1, 2).contiguous()
+
+
+def _question_sums(item: CaptureItem, probs: torch.Tensor, start: int, cached: int) -> torch.Tensor:
+    """:func:`_unit_sums` of a question's probabilities over its keys (``probs``: ``(H, n, cached + n)``, its rows
+    from ``start``), without copying them: each recorded row is renormalised over the context tokens by a weight
+    (its mass there), and the question rows' mean is one weighted sum over the rows."""
+    import torch
+
+    h, n, n_keys = probs.shape
+    in_ctx = torch.zeros(n_keys, dtype=probs.dtype, device=probs.device)
+    in_ctx[item.ctx_pos] = 1.0
+    unit_of = torch.full((n_keys,), item.n_units, dtype=torch.long, device=probs.device)  # n_units: no unit
+    unit_of[item.ctx_pos] = item.unit_of_ctx
+    mass = torch.matmul(probs, in_ctx)  # (H, n): each row's attention on the context tokens
+    rel = item.q_rows - start
+    final = int(rel[-1])
+    last = probs[:, final, :] / mass[:, final : final + 1]
+    nq = item.n_question_rows
+    if nq:
+        weight = torch.zeros(h, n, dtype=probs.dtype, device=probs.device)
+        weight.index_add_(1, rel[:nq], 1.0 / (nq * mass.index_select(1, rel[:nq])))
+        question = torch.bmm(weight.unsqueeze(1), probs).squeeze(1)  # (H, K)
+    else:
+        question = last
+    views = torch.stack([last, question])  # (V, H, K)
+    sums = torch.zeros(views.shape[0], h, item.n_units + 1, dtype=torch.float32, device=probs.device)
+    sums.index_add_(2, unit_of, views.float())
+    return sums[..., : item.n_units]
 
 
 def _record(capture: Capture, module: Any, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> int:

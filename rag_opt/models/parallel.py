@@ -323,6 +323,8 @@ def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: 
                 q_rows=torch.tensor([off + j for j in prompt.q_rows] + [off + q - 1], dtype=torch.long, device=dev),
                 n_question_rows=len(prompt.q_rows),
                 row=b,
+                rows=(off, off + q),
+                cached=lengths[b],
             )
             off += q
     mask = question_mask(lengths, questions, proxy.dtype)

@@ -18,10 +18,12 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import types
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from rag_opt.errors import ConfigurationError, InvalidInputError
 from rag_opt.models.encoding_cache import DEFAULT_CACHE_BYTES
@@ -32,6 +34,9 @@ from rag_opt.types import DEFAULT_RATIO, ORDERING_NAMES, Budget, check_ordering
 
 __all__ = [
     "BUDGET_FIELDS",
+    "base_type",
+    "cli_flag",
+    "field_extra",
     "ENV_PREFIX",
     "MIN_PROXY_KEY_CHARS",
     "ProxySettings",
@@ -463,8 +468,6 @@ class ProxySettings(BaseModel):
         :class:`~rag_opt.errors.ConfigurationError` (a ``ValueError``) with one readable line per invalid
         setting, naming where it came from.
         """
-        from rag_opt.server.settings_cli import cli_flag  # the flags are generated from this model
-
         env = os.environ if env is None else env
         data: dict[str, Any] = {}
         origin: dict[str, str] = {}
@@ -498,3 +501,30 @@ class ProxySettings(BaseModel):
                 where = f"{field} (from {origin[field]})" if field in origin else field or "settings"
                 lines.append(f"invalid {where}: {err['msg'].removeprefix('Value error, ')}")
             raise ConfigurationError("; ".join(lines)) from None
+
+
+# -- the names of the flags (rag_opt.server.settings_cli generates them) -------------------------------------------
+def field_extra(info: FieldInfo) -> dict[str, Any]:
+    """A settings field's extra schema values (``flag``, ``metavar``, ``choices``)."""
+    extra = info.json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
+def base_type(annotation: Any) -> Any:
+    """``X`` of ``X | None``."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return annotation
+
+
+def cli_flag(name: str) -> str:
+    """The command-line flag of setting ``name``: ``--<name>`` with dashes, ``--no-<name>`` for a boolean that
+    is on by default, or the field's own (``--model`` for ``proxy_model``)."""
+    info = ProxySettings.model_fields[name]
+    flag = field_extra(info).get("flag")
+    if isinstance(flag, str):
+        return flag
+    dashed = name.replace("_", "-")
+    return f"--no-{dashed}" if base_type(info.annotation) is bool and info.default is True else f"--{dashed}"

@@ -5,46 +5,20 @@
 from __future__ import annotations
 
 import argparse
-import types
 from collections.abc import Collection, Mapping
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 
-from rag_opt.server.settings import BUDGET_FIELDS, ENV_PREFIX, ProxySettings
+from rag_opt.server.settings import BUDGET_FIELDS, ENV_PREFIX, ProxySettings, base_type, cli_flag, field_extra
 
-__all__ = ["add_settings_arguments", "cli_flag", "settings_from_args"]
-
-
-def _extra(info: FieldInfo) -> dict[str, Any]:
-    extra = info.json_schema_extra
-    return extra if isinstance(extra, dict) else {}
-
-
-def _base_type(annotation: Any) -> Any:
-    """``X`` of ``X | None``."""
-    if get_origin(annotation) in (Union, types.UnionType):
-        args = [a for a in get_args(annotation) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return annotation
-
-
-def cli_flag(name: str) -> str:
-    """The command-line flag of setting ``name``: ``--<name>`` with dashes, ``--no-<name>`` for a boolean that
-    is on by default, or the field's own (``--model`` for ``proxy_model``)."""
-    info = ProxySettings.model_fields[name]
-    flag = _extra(info).get("flag")
-    if isinstance(flag, str):
-        return flag
-    dashed = name.replace("_", "-")
-    return f"--no-{dashed}" if _base_type(info.annotation) is bool and info.default is True else f"--{dashed}"
+__all__ = ["add_settings_arguments", "settings_from_args"]
 
 
 def _help(name: str, info: FieldInfo, description: str | None = None) -> str:
     text = description or info.description or name.replace("_", " ")
-    base = _base_type(info.annotation)
+    base = base_type(info.annotation)
     if base is bool:
         text = f"turn off (on by default): {text}" if info.default is True else f"{text} (off by default)"
     elif not info.is_required() and info.default is not None:
@@ -53,7 +27,7 @@ def _help(name: str, info: FieldInfo, description: str | None = None) -> str:
         text += f" (default: {shown})"
     if base is SecretStr:
         text += f" (prefer {ENV_PREFIX}{name.upper()}: the command line is visible to other users)"
-    elif isinstance(_extra(info).get("flag"), str):  # a flag of its own: its variable is not RAG_OPT_<FLAG>
+    elif isinstance(field_extra(info).get("flag"), str):  # a flag of its own: its variable is not RAG_OPT_<FLAG>
         text += f" (environment: {ENV_PREFIX}{name.upper()})"
     return text.replace("%", "%%")
 
@@ -73,7 +47,7 @@ def add_settings_arguments(
     for name, info in ProxySettings.model_fields.items():
         if name not in wanted:
             continue
-        flag, base = cli_flag(name), _base_type(info.annotation)
+        flag, base = cli_flag(name), base_type(info.annotation)
         target = budget if name in BUDGET_FIELDS else parser
         described = (descriptions or {}).get(name)
         if base is bool:
@@ -86,11 +60,11 @@ def add_settings_arguments(
             "help": _help(name, info, described),
             "type": base if base in (int, float) else str,
         }
-        choices = list(get_args(base)) if get_origin(base) is Literal else _extra(info).get("choices")
+        choices = list(get_args(base)) if get_origin(base) is Literal else field_extra(info).get("choices")
         if choices:
             kwargs["choices"] = choices
         else:
-            kwargs["metavar"] = _extra(info).get("metavar", flag.removeprefix("--").replace("-", "_").upper())
+            kwargs["metavar"] = field_extra(info).get("metavar", flag.removeprefix("--").replace("-", "_").upper())
         target.add_argument(flag, **kwargs)
 
 
