@@ -104,7 +104,8 @@ def model_scorer(args: argparse.Namespace, train: Path, mix: dict[str, float] | 
     from rag_opt.training.sentence_probe import train_probe_cli
 
     if mix is None:
-        return SentinelCompressor.from_model(None, encoding="parallel", cache=EncodingCache())
+        # big enough for every dev document in both regimes: each is encoded once for all candidates and budgets
+        return SentinelCompressor.from_model(None, encoding="parallel", cache=EncodingCache(args.cache_gib << 30))
     out = Path(args.cache) / f"probe-{'-'.join(f'{k}{v:g}' for k, v in mix.items())}.json"
     probe = train_probe_cli(
         data=str(train),
@@ -153,6 +154,7 @@ def main() -> None:
     ap.add_argument(
         "--cache", default="/tmp/rag-opt-title-mix", help="model tier: the feature cache and the trained probes"
     )
+    ap.add_argument("--cache-gib", type=int, default=8, help="model tier: the encoding cache's bound in GiB")
     ap.add_argument("--out", default=None, help="default: results/title_mix_<tier>.json")
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
