@@ -137,19 +137,12 @@ def test_without_a_reader_profile_the_proxys_profile_places_and_is_named(tmp_pat
 def _edge_reader_app(seen: list[dict[str, Any]]) -> Any:
     reader = EdgeReader()
 
+    from tests.upstream_server import request_body
+
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                await send({"type": msg["type"] + ".complete"})
-                if msg["type"] == "lifespan.shutdown":
-                    return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await request_body(scope, receive, send)
+        if body is None:
+            return
         req = json.loads(body)
         seen.append({"path": scope["path"], "headers": dict(scope["headers"]), "body": req})
         answer = {"choices": [{"message": {"role": "assistant", "content": reader(req["messages"])}}]}

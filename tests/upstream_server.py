@@ -190,6 +190,22 @@ def _is_gemini(path: str) -> bool:
 STREAM_ERROR = {"error": {"message": "upstream exploded mid-stream", "type": "server_error", "code": "boom"}}
 
 
+async def request_body(scope: dict[str, Any], receive: Any, send: Any) -> bytes | None:
+    """An ASGI app's first step: answer the lifespan protocol (None), or read the whole request body."""
+    if scope["type"] == "lifespan":
+        while True:
+            msg = await receive()
+            await send({"type": msg["type"] + ".complete"})
+            if msg["type"] == "lifespan.shutdown":
+                return None
+    body = b""
+    while True:
+        msg = await receive()
+        body += msg.get("body", b"")
+        if not msg.get("more_body"):
+            return body
+
+
 class FakeUpstream:
     """A raw ASGI app (full control over when bytes are sent and when the connection drops)."""
 
@@ -202,18 +218,9 @@ class FakeUpstream:
         return [r for r in self.requests if r.path == path][-1]
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                await send({"type": msg["type"] + ".complete"})
-                if msg["type"] == "lifespan.shutdown":
-                    return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await request_body(scope, receive, send)
+        if body is None:
+            return
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
         client = tuple(scope["client"]) if scope.get("client") else None
         rec = Recorded(scope["method"], scope["path"], scope["query_string"].decode(), headers, body, client)

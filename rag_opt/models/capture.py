@@ -67,11 +67,13 @@ class Capture:
     stop_after: int | None = None
     # parallel encoding (rag_opt.models.parallel): ``keep_kv`` keeps every layer's key/value states (a document
     # pass); ``past`` holds per layer the cached states (B, KVH, C, d) that this pass's tokens attend to before
-    # their own (a question pass over cached documents, with its own 4D mask)
+    # their own (a question pass over cached documents: every item has ``rows`` and ``cached``)
     keep_kv: bool = False
     past: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None
-    # where ``past``'s tensors have room for the pass's own states (they are written there); None: concatenated
-    room_at: int | None = None
+    # where ``past``'s tensors have room for the pass's own states (they are written there, nothing is copied)
+    room_at: int = 0
+    # a question pass: per item, what every layer reads the same way (see _question_setup)
+    setup: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     # a document pass that also keeps some tokens' query states (rotary embeddings applied): per batch row the
     # token positions to keep (``keep_q``), and per layer, per row, their queries (heads, rows, head_dim) in ``q``
@@ -109,54 +111,23 @@ def _rows_attention(
     capture = _ACTIVE.get()
     if capture is not None:
         index = int(getattr(module, "layer_idx", len(capture.sums)))
-        if capture.past is not None:
-            import torch
-
+        if capture.past is not None:  # a question pass: its own states go into the room after the cached ones
             past_k, past_v = capture.past[index]
-            if capture.room_at is None:
-                key, value = torch.cat([past_k, key], dim=2), torch.cat([past_v, value], dim=2)
-            else:  # the cached states have room for this pass's own: written in place, nothing copied again
-                end = capture.room_at + key.shape[2]
-                past_k[:, :, capture.room_at : end] = key
-                past_v[:, :, capture.room_at : end] = value
-                key, value = past_k[:, :, :end], past_v[:, :, :end]
+            end = capture.room_at + key.shape[2]
+            past_k[:, :, capture.room_at : end] = key
+            past_v[:, :, capture.room_at : end] = value
+            return _question_attention(capture, module, query, past_k[:, :, :end], past_v[:, :, :end], scaling), None
         if capture.keep_kv:
             capture.kv[index] = (key, value)
         if capture.keep_q is not None:
             capture.q[index] = [query[b].index_select(1, rows) for b, rows in enumerate(capture.keep_q)]
-        if capture.past is not None and all(it.rows is not None and it.sources is None for it in capture.items):
-            return _question_attention(capture, module, query, key, value, scaling), None
         layer = _record(capture, module, query, key, scaling)
         if capture.stop_after is not None and layer >= capture.stop_after:
             raise StopForward
-        if capture.past is not None:
-            return _grouped_sdpa(query, key, value, attention_mask, scaling), None
     out: tuple[torch.Tensor, None] = sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
     )
     return out
-
-
-def _grouped_sdpa(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scaling: float | None
-) -> torch.Tensor:
-    """SDPA for grouped-query attention without repeating the key/value heads: the query heads that share a
-    key/value head are stacked along the sequence axis (a question pass reads long cached keys with few queries,
-    where repeating the keys would cost more than the attention itself). Returns ``(B, T, H, d)`` like
-    transformers' SDPA function."""
-    import torch
-
-    b, h, t, d = query.shape
-    kvh = key.shape[1]
-    g = h // kvh
-    q = query.reshape(b, kvh, g * t, d)  # head k*g + j reads key/value head k (transformers' repeat_kv order)
-    if mask is not None and g > 1:
-        mask = mask[:, :, None].expand(mask.shape[0], mask.shape[1], g, t, mask.shape[-1])
-        mask = mask.reshape(mask.shape[0], mask.shape[1], g * t, mask.shape[-1])
-    if mask is not None:
-        mask = mask[..., : key.shape[2]]
-    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scaling)
-    return out.reshape(b, h, t, d).transpose(1, 2).contiguous()
 
 
 def _question_attention(
@@ -177,23 +148,23 @@ def _question_attention(
     kvh = key.shape[1]
     g = h // kvh
     scale = scaling if scaling is not None else d**-0.5
-    room = int(capture.room_at or 0)
+    room = capture.room_at
     layer = int(getattr(module, "layer_idx", len(capture.sums)))
     last = capture.stop_after is not None and layer >= capture.stop_after
     out = None if last else query.new_zeros(b_, h, t, d)
     per_item: list[torch.Tensor] = []
     for i, item in enumerate(capture.items):
         b = i if item.row is None else item.row
-        assert item.rows is not None and item.cached is not None
-        a, e = item.rows
-        n, c = e - a, item.cached
+        a, e, c = _question_span(item)
+        n = e - a
+        in_ctx, unit_of, rel, future = _question_setup(capture, i, item, a, c, n)
         k = torch.cat([key[b, :, :c], key[b, :, room + a : room + e]], dim=1).float()  # (KVH, c + n, d)
         q = query[b, :, a:e].float().reshape(kvh, g * n, d)  # head k*g + j reads key/value head k
         logits = torch.matmul(q, k.transpose(-1, -2)).reshape(h, n, c + n)
         logits.mul_(scale)
-        logits[:, :, c:].masked_fill_(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+        logits[:, :, c:].masked_fill_(future, float("-inf"))
         probs = torch.softmax(logits, dim=-1)  # (H, n, c + n)
-        per_item.append(_question_sums(item, probs, a, c))
+        per_item.append(_question_sums(item, probs, in_ctx, unit_of, rel))
         if out is not None:
             v = torch.cat([value[b, :, :c], value[b, :, room + a : room + e]], dim=1).float()
             out[b, :, a:e] = torch.matmul(probs.reshape(kvh, g * n, c + n), v).reshape(h, n, d).to(out.dtype)
@@ -204,19 +175,45 @@ def _question_attention(
     return out.transpose(1, 2).contiguous()
 
 
-def _question_sums(item: CaptureItem, probs: torch.Tensor, start: int, cached: int) -> torch.Tensor:
-    """:func:`_unit_sums` of a question's probabilities over its keys (``probs``: ``(H, n, cached + n)``, its rows
-    from ``start``), without copying them: each recorded row is renormalised over the context tokens by a weight
-    (its mass there), and the question rows' mean is one weighted sum over the rows."""
+def _question_span(item: CaptureItem) -> tuple[int, int, int]:
+    """(first row, end row, cached tokens) of a question pass's item."""
+    if item.rows is None or item.cached is None:
+        raise ValueError("every item of a question pass needs its rows and its row's cached token count")
+    return item.rows[0], item.rows[1], item.cached
+
+
+def _question_setup(
+    capture: Capture, i: int, item: CaptureItem, start: int, cached: int, n: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What every layer of a question pass reads the same way for item ``i`` (rows ``start`` to ``start + n``),
+    made once per pass: over its ``cached + n`` keys, which are context tokens (1.0) and the unit of each
+    (``n_units``: none); its recorded rows relative to ``start``; and the mask of each own token's future
+    tokens."""
     import torch
 
-    h, n, n_keys = probs.shape
-    in_ctx = torch.zeros(n_keys, dtype=probs.dtype, device=probs.device)
-    in_ctx[item.ctx_pos] = 1.0
-    unit_of = torch.full((n_keys,), item.n_units, dtype=torch.long, device=probs.device)  # n_units: no unit
-    unit_of[item.ctx_pos] = item.unit_of_ctx
+    got = capture.setup.get(i)
+    if got is None:
+        dev = item.ctx_pos.device
+        in_ctx = torch.zeros(cached + n, dtype=torch.float32, device=dev)
+        in_ctx[item.ctx_pos] = 1.0
+        unit_of = torch.full((cached + n,), item.n_units, dtype=torch.long, device=dev)
+        unit_of[item.ctx_pos] = item.unit_of_ctx
+        future = torch.ones(n, n, dtype=torch.bool, device=dev).triu(1)
+        got = capture.setup[i] = (in_ctx, unit_of, item.q_rows - start, future)
+    return got
+
+
+def _question_sums(
+    item: CaptureItem, probs: torch.Tensor, in_ctx: torch.Tensor, unit_of: torch.Tensor, rel: torch.Tensor
+) -> torch.Tensor:
+    """:func:`_unit_sums` of a question's probabilities over its keys (``probs``: ``(H, n, K)``; ``in_ctx``,
+    ``unit_of`` and ``rel`` from :func:`_question_setup`), without copying them: each recorded row is renormalised
+    over the context tokens by a weight (its mass there), and the question rows' mean is one weighted sum over the
+    rows."""
+    import torch
+
+    h, n, _ = probs.shape
     mass = torch.matmul(probs, in_ctx)  # (H, n): each row's attention on the context tokens
-    rel = item.q_rows - start
     final = int(rel[-1])
     last = probs[:, final, :] / mass[:, final : final + 1]
     nq = item.n_question_rows
@@ -228,7 +225,7 @@ def _question_sums(item: CaptureItem, probs: torch.Tensor, start: int, cached: i
         question = last
     views = torch.stack([last, question])  # (V, H, K)
     sums = torch.zeros(views.shape[0], h, item.n_units + 1, dtype=torch.float32, device=probs.device)
-    sums.index_add_(2, unit_of, views.float())
+    sums.index_add_(2, unit_of, views)
     return sums[..., : item.n_units]
 
 

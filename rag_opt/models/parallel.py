@@ -285,8 +285,10 @@ def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: 
     Rows that read the same cached states (the same documents, e.g. several questions over one retrieved set) are
     packed into one batch row: their cached states are stored once, and each question attends to them and to
     itself only. The cached states reach the attention function through the capture (:attr:`Capture.past`),
-    which puts them before the pass's own keys and values; the pass's 4D additive mask and explicit position ids
-    reach SDPA unchanged. The caller holds ``proxy.lock``."""
+    which writes the pass's own keys and values after them and computes each question's attention over exactly
+    its keys (:func:`rag_opt.models.capture._question_attention`). The pass still gives the model its 4D mask
+    with the explicit position ids: without one, restarting positions would trigger transformers' packed-sequence
+    detection. The caller holds ``proxy.lock``."""
     import torch
 
     dev = proxy.device

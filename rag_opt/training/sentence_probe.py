@@ -304,23 +304,21 @@ def train_probe_cli(
     mix = dict(title_mix or {"field": 1.0})
     regime_of = dict(zip((ex.id for ex in examples), assign_title_regimes(len(examples), mix, seed), strict=True))
     # the ``text`` regime reads the same tokens as ``field``: one store holds both
+    reads = {i: "none" if r == "none" else "field" for i, r in regime_of.items()}
     stores = {
         titles: feature_store(cache_root, proxy, hotpot_store_name(data, cross=cross, titles=titles), depth, encoding)
-        for titles in ("field", "none")
-        if any((r == "none") == (titles == "none") for r in regime_of.values())
+        for titles in sorted(set(reads.values()))
     }
-
-    def store_of(ex: HotpotExample) -> FeatureStore:
-        return stores["none" if regime_of[ex.id] == "none" else "field"]
-
     if cached_only:
         cached = {titles: store.ids() for titles, store in stores.items()}
-        examples = [ex for ex in examples if ex.id in cached["none" if regime_of[ex.id] == "none" else "field"]]
+        examples = [ex for ex in examples if ex.id in cached[reads[ex.id]]]
         if not examples:
             raise DataNotFoundError(f"no cached features for {data} under {cache_root} (drop --cached-only)")
         logger.info("training on the %d cached questions", len(examples))
-    else:
-        for titles in stores:
+    features: dict[str, AttentionFeatures] = {}
+    for titles, store in stores.items():
+        mine = [ex for ex in examples if reads[ex.id] == titles]
+        if not cached_only:
             extract_hotpot(
                 data,
                 cache_root,
@@ -330,11 +328,9 @@ def train_probe_cli(
                 cross=cross,
                 encoding=encoding,
                 titles=titles,
-                examples=[ex for ex in examples if (regime_of[ex.id] == "none") == (titles == "none")],
+                examples=mine,
             )
-    features: dict[str, AttentionFeatures] = {}
-    for store in stores.values():
-        features.update(store.load(ex.id for ex in examples if store_of(ex) is store))
+        features.update(store.load(ex.id for ex in mine))
     tables: list[UnitTable] = []
     regimes = [regime_of[ex.id] for ex in examples]
     X, y, groups = build_training_set(examples, features, layout, tables=tables, regimes=regimes)
