@@ -137,11 +137,14 @@ def _question_attention(
 
     Every token of a question pass belongs to one question (:attr:`CaptureItem.rows`), which reads its row's
     cached tokens and, causally, its own tokens, never another question's. So each question's attention is a
-    small product over exactly those keys (grouped-query heads read their shared key/value head without
-    repeating it), in float32: its probabilities give the recorded rows (renormalised over the context tokens, as
-    :func:`_record` computes them) and, times the values, the layer's output. This replaces SDPA over the whole
-    packed row plus a second product for the recorded rows. Returns ``(B, T, H, d)`` like transformers' SDPA
-    function; raises :class:`StopForward` after the last layer needed, before its output is computed."""
+    small product over its row's first keys, up to its own last token (grouped-query heads read their shared
+    key/value head without repeating it), in float32, with the keys it may not read (the row's padding, earlier
+    questions' tokens, its own future tokens) masked: no keys are copied per question, and a row's states are
+    converted to float32 once for all its questions. Its probabilities give the recorded rows (renormalised over
+    the context tokens, as :func:`_record` computes them) and, times the values, the layer's output. This replaces
+    SDPA over the whole packed row plus a second product for the recorded rows. Returns ``(B, T, H, d)`` like
+    transformers' SDPA function; raises :class:`StopForward` after the last layer needed, before its output is
+    computed."""
     import torch
 
     b_, h, t, d = query.shape
@@ -153,21 +156,26 @@ def _question_attention(
     last = capture.stop_after is not None and layer >= capture.stop_after
     out = None if last else query.new_zeros(b_, h, t, d)
     per_item: list[torch.Tensor] = []
+    states: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # per batch row, its keys/values in float32
     for i, item in enumerate(capture.items):
         b = i if item.row is None else item.row
         a, e, c = _question_span(item)
-        n = e - a
-        in_ctx, unit_of, rel, future = _question_setup(capture, i, item, a, c, n)
-        k = torch.cat([key[b, :, :c], key[b, :, room + a : room + e]], dim=1).float()  # (KVH, c + n, d)
-        q = query[b, :, a:e].float().reshape(kvh, g * n, d)  # head k*g + j reads key/value head k
-        logits = torch.matmul(q, k.transpose(-1, -2)).reshape(h, n, c + n)
-        logits.mul_(scale)
-        logits[:, :, c:].masked_fill_(future, float("-inf"))
-        probs = torch.softmax(logits, dim=-1)  # (H, n, c + n)
+        n, keys = e - a, room + e
+        in_ctx, unit_of, rel, future = _question_setup(capture, i, item, a, keys)
+        if b not in states:  # a row's questions read the same states: converted once (a view when already float32)
+            states[b] = (key[b, :, : room + t].float(), value[b, :, : room + t].float())
+        k, v = states[b]
+        # its keys are the row's first ``keys`` (contiguous, nothing copied): the cached tokens, then padding and
+        # the earlier questions' tokens (masked), then its own tokens (causal)
+        q = (query[b, :, a:e].float() * scale).reshape(kvh, g * n, d)  # head k*g + j reads key/value head k
+        logits = torch.matmul(q, k[:, :keys].transpose(-1, -2)).view(h, n, keys)
+        if room + a > c:
+            logits[:, :, c : room + a] = float("-inf")
+        logits[:, :, room + a :].masked_fill_(future, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)  # (H, n, keys)
         per_item.append(_question_sums(item, probs, in_ctx, unit_of, rel))
         if out is not None:
-            v = torch.cat([value[b, :, :c], value[b, :, room + a : room + e]], dim=1).float()
-            out[b, :, a:e] = torch.matmul(probs.reshape(kvh, g * n, c + n), v).reshape(h, n, d).to(out.dtype)
+            out[b, :, a:e] = torch.matmul(probs.view(kvh, g * n, keys), v[:, :keys]).view(h, n, d).to(out.dtype)
     capture.sums[layer] = per_item
     capture.cross[layer] = [None] * len(per_item)
     if out is None:
@@ -183,22 +191,23 @@ def _question_span(item: CaptureItem) -> tuple[int, int, int]:
 
 
 def _question_setup(
-    capture: Capture, i: int, item: CaptureItem, start: int, cached: int, n: int
+    capture: Capture, i: int, item: CaptureItem, start: int, keys: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """What every layer of a question pass reads the same way for item ``i`` (rows ``start`` to ``start + n``),
-    made once per pass: over its ``cached + n`` keys, which are context tokens (1.0) and the unit of each
-    (``n_units``: none); its recorded rows relative to ``start``; and the mask of each own token's future
+    made once per pass: over its ``keys`` keys (the row's first), which are context tokens (1.0) and the unit of
+    each (``n_units``: none); its recorded rows relative to ``start``; and the mask of each own token's future
     tokens."""
     import torch
 
     got = capture.setup.get(i)
     if got is None:
+        a, e, _ = _question_span(item)
         dev = item.ctx_pos.device
-        in_ctx = torch.zeros(cached + n, dtype=torch.float32, device=dev)
+        in_ctx = torch.zeros(keys, dtype=torch.float32, device=dev)
         in_ctx[item.ctx_pos] = 1.0
-        unit_of = torch.full((cached + n,), item.n_units, dtype=torch.long, device=dev)
+        unit_of = torch.full((keys,), item.n_units, dtype=torch.long, device=dev)
         unit_of[item.ctx_pos] = item.unit_of_ctx
-        future = torch.ones(n, n, dtype=torch.bool, device=dev).triu(1)
+        future = torch.ones(e - a, e - a, dtype=torch.bool, device=dev).triu(1)
         got = capture.setup[i] = (in_ctx, unit_of, item.q_rows - start, future)
     return got
 
