@@ -115,7 +115,9 @@ def model_scorer(args: argparse.Namespace, train: Path, mix: dict[str, float] | 
         seed=0,
         cache_root=args.cache,
         l2=None,
-        blocks=tuple(previous.probe.layout.blocks),  # the shipped probe's blocks and second stage
+        blocks=tuple(previous.probe.layout.blocks),  # the shipped probe's blocks, depth, precision and second stage
+        layers=previous.probe.layout.num_layers,  # (at full depth every document would be encoded again, 2x deeper)
+        dtype=str(previous.proxy.dtype).removeprefix("torch."),
         context=previous.probe.context.names if previous.probe.context is not None else None,
         encoding="parallel",
         title_mix=mix,
