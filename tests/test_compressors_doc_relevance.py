@@ -343,7 +343,8 @@ def test_train_doc_probe_parallel_end_to_end(tmp_path, capsys):
     probe = Probe.load(out)
     assert probe.layout.blocks == PARALLEL_DOC_BLOCKS and probe.layout.num_layers == 4
     assert probe.metadata["encoding"] == "parallel" and probe.metadata["template"] == "ctx-q-par-v1"
-    assert probe.metadata["questions"] == 16  # 8 questions at 3 and at 5 documents
+    assert probe.metadata["questions"] == 8 and probe.metadata["contexts"] == 16  # 8 questions at 3 and at 5 docs
+    assert set(probe.metadata["cv_5fold_per_n"]) == {"3", "5"}  # held-out recall at each N (folds by question)
     ex = _nq(1)[0]
     sentinel = SentinelCompressor.from_model(doc_probe=out, encoding="parallel", dtype="float32")
     a = sentinel.score(ex.question, UnitTable.titled(titled_units(ex.documents(4, 0))))

@@ -247,9 +247,13 @@ def _train_doc_probe(args: argparse.Namespace) -> int:
         encoding=args.encoding,
     )
     cv = report["cv_5fold"]
+    per_n = "; ".join(
+        f"{n} documents {r['recall@1']:.3f} / {r['recall@3']:.3f}" for n, r in report["cv_5fold_per_n"].items()
+    )
     print(
-        f"document probe written to {args.out}: {report['questions']} questions, l2 {report['l2']}, "
-        f"5-fold Recall@1 {cv['recall@1']:.3f}, Recall@3 {cv['recall@3']:.3f}"
+        f"document probe written to {args.out}: {report['questions']} questions ({report['contexts']} contexts), "
+        f"l2 {report['l2']}, 5-fold Recall@1 {cv['recall@1']:.3f}, Recall@3 {cv['recall@3']:.3f} "
+        f"(folds by question; per N, Recall@1 / Recall@3: {per_n})"
     )
     return 0
 
