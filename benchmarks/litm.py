@@ -29,7 +29,9 @@ Reported per slot and over slots: accuracy of every condition, and its paired di
 context with a percentile-bootstrap 95 % CI over questions (the same questions at each slot). Conditions are
 interleaved per question in a rotating order, so machine noise hits all alike. Every answer is appended to a JSONL
 cache next to the output (``litm.cache.jsonl``), keyed by the reader's signature, N, slot, question and condition: an
-interrupted run resumes where it stopped (``--report-only`` re-prints and re-plots the saved results).
+interrupted run resumes where it stopped (``--report-only`` re-prints and re-plots the saved results). A second
+process with ``--from-end`` walks the questions from the other end on another core; the report covers the questions
+answered in every condition at every slot (``questions_per_slot``, out of ``questions_asked``).
 """
 
 from __future__ import annotations
@@ -158,8 +160,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     step = 0
     # slot-major within each question: every question is answered at every slot before the next one starts, so a
     # run stopped early leaves whole questions (the paired comparison needs the same questions at each slot)
-    with open(cache_path, "a") as sink, tqdm(total=len(questions) * len(grid), desc=f"litm N={args.n_docs}") as bar:
-        for ex in questions:
+    walk = [] if args.cached_only else questions[::-1] if args.from_end else questions
+    with open(cache_path, "a") as sink, tqdm(total=len(walk) * len(grid), desc=f"litm N={args.n_docs}") as bar:
+        for ex in walk:
             for slot in grid:
                 keys = {c.key: _cache_key(reader.signature, args.n_docs, slot, ex.index, c.key) for c in conds}
                 missing = [c for c in conds if keys[c.key] not in cache]
@@ -182,7 +185,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         logger.debug("q%d slot %d %s: %r -> %s", ex.index, slot + 1, c.key, raw, row["correct"])
                 step += 1
                 bar.update(1)
-    return summarise(args, conds, grid, questions, cache, reader.signature)
+    # a second process walking from the end may have answered others since this one started: read the cache again
+    return summarise(args, conds, grid, questions, _load_cache(cache_path), reader.signature)
 
 
 def summarise(
@@ -193,14 +197,25 @@ def summarise(
     cache: dict[str, dict[str, Any]],
     signature: str,
 ) -> dict[str, Any]:
-    """Accuracy per slot and over slots of every condition, and its paired difference to :data:`BASELINE`."""
+    """Accuracy per slot and over slots of every condition, and its paired difference to :data:`BASELINE`, over
+    the questions answered in every condition at every slot (a run stopped early, or two processes walking from
+    both ends, leave some unanswered: they are left out, and counted)."""
+    complete = [
+        ex
+        for ex in questions
+        if all(_cache_key(signature, args.n_docs, slot, ex.index, c.key) in cache for c in conds for slot in grid)
+    ]
+    if not complete:
+        raise SystemExit("no question has been answered in every condition at every slot yet")
 
     def rows(cond: str, slot: int) -> list[dict[str, Any]]:
-        return [cache[_cache_key(signature, args.n_docs, slot, ex.index, cond)] for ex in questions]
+        return [cache[_cache_key(signature, args.n_docs, slot, ex.index, cond)] for ex in complete]
 
     res: dict[str, Any] = {
         "n_docs": args.n_docs,
-        "questions_per_slot": len(questions),
+        "questions_per_slot": len(complete),
+        "questions_asked": len(questions),
+        "questions": [ex.index for ex in complete],
         "reader": args.reader,
         "reader_signature": signature,
         "slots": [s + 1 for s in grid],
@@ -299,6 +314,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: rag-opt's 'auto')")
     ap.add_argument("--out", default=None, help="results JSON (default results/litm_n<N>.json)")
     ap.add_argument("--report-only", action="store_true", help="re-print and re-plot the saved results")
+    ap.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="answer nothing new: write the report from what the answer cache holds (e.g. after stopping a run)",
+    )
+    ap.add_argument(
+        "--from-end",
+        action="store_true",
+        help="walk the questions from the last one (a second process on another core: both append to the same "
+        "answer cache; the report covers the questions answered in every condition)",
+    )
     ap.add_argument("-v", "--verbose", action="store_true", help="log every answer")
     args = ap.parse_args()
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
