@@ -203,16 +203,22 @@ def test_async_pipeline_gives_the_same_documents(
 def test_concurrent_async_runs_agree_with_sync(
     sync_run: tuple[Pipeline, dict[str, Any]], store: InMemoryDocumentStore, question: str
 ) -> None:
-    """Several run_async calls at once (micro-batched together) each give what run gives."""
+    """Several run_async calls at once (micro-batched together) each give what run gives.
+
+    In float32: a micro-batch runs the proxy's linear layers over the batch's questions together, and in bfloat16
+    (the default on CPUs with native bf16) a matrix product's rounding depends on its shape, so batched and single
+    scores differ there by bf16 rounding (~1e-3). The claim tested is the exact one: same computation."""
     _, out = sync_run
     retrieved = out["retriever"]["documents"]
-    comp = RagOptDocumentCompressor(**SETTINGS)
+    comp = RagOptDocumentCompressor(**SETTINGS, dtype="float32")
+    single = comp.run(query=question, documents=retrieved)["documents"]
+    assert [d.id for d in single] == [d.id for d in out["compressor"]["documents"]]
 
     async def three() -> list[dict[str, list[Document]]]:
         return list(await asyncio.gather(*(comp.run_async(query=question, documents=retrieved) for _ in range(3))))
 
     for result in asyncio.run(three()):
-        _same_documents(result["documents"], out["compressor"]["documents"])
+        _same_documents(result["documents"], single)
 
 
 @pytest.mark.model
