@@ -37,7 +37,7 @@ def optimize(
     ratio: float | None = None,
     target_tokens: int | None = None,
     threshold: float | None = None,
-    ordering: OrderingName | str = "input",
+    ordering: OrderingName | str = "relevance",
     target: str | None = None,
     model: str | None = None,
     budget: Budget | None = None,

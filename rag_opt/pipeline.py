@@ -65,7 +65,8 @@ class ContextOptimizer:
         target_tokens: the default budget as a number of target tokens.
         threshold: the default budget as a relevance probability: keep the sentences scoring at least this.
         budget: the default budget as a :class:`~rag_opt.types.Budget`.
-        ordering: ``input`` (keep), ``lost_in_the_middle`` (best at both ends), ``relevance`` (best first),
+        ordering: ``relevance`` (best first, the rest by descending relevance: the default, chosen by
+            ``benchmarks/litm.py``, docs/reordering.md), ``input`` (keep), ``lost_in_the_middle`` (best at both ends),
             ``calibrated`` (best into the slots the proxy attends to most, from its calibration profile) or
             ``attention_sort`` (the proxy's attention sorts the kept documents, 2 rounds: extra forward passes).
             Document relevance is position-calibrated when a profile exists (``result.calibrated``).
@@ -121,7 +122,7 @@ class ContextOptimizer:
         target_tokens: int | None = None,
         threshold: float | None = None,
         budget: Budget | None = None,
-        ordering: OrderingName | str = "input",
+        ordering: OrderingName | str = "relevance",
         probe: str | None = "auto",
         keep_best_per_doc: bool = False,
         keep_first: bool = False,

@@ -322,7 +322,8 @@ def _docs() -> list[Document]:
 
 def test_documents_without_text_pass_through_and_ratio_one_keeps_all() -> None:
     docs = _docs()
-    out = RagOptDocumentCompressor(ratio=1.0, scorer=BM25Scorer()).run(query=CAPITAL, documents=docs)["documents"]
+    comp = RagOptDocumentCompressor(ratio=1.0, scorer=BM25Scorer(), ordering="input")
+    out = comp.run(query=CAPITAL, documents=docs)["documents"]
     assert [d.id for d in out] == [docs[i].id for i in (0, 2, 4, 1, 3)]
     assert [d.content for d in out[:3]] == [docs[i].content for i in (0, 2, 4)]
     assert out[3] is docs[1] and out[4] is docs[3]  # passed through untouched, after the optimized ones
@@ -341,7 +342,7 @@ def test_budget_per_call_and_documents_with_nothing_kept_left_out() -> None:
 
 
 def test_title_comes_from_meta() -> None:
-    comp = RagOptDocumentCompressor(ratio=1.0, scorer=BM25Scorer())
+    comp = RagOptDocumentCompressor(ratio=1.0, scorer=BM25Scorer(), ordering="input")
     results: list[Any] = []
     optimize = comp.optimizer.optimize
 

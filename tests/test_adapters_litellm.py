@@ -73,6 +73,7 @@ def _free_port() -> int:
 def _config(upstream: str, sidecar: str, dead: str) -> str:
     guard = "rag_opt.adapters.litellm.RagOptGuardrail"
     common = {"guardrail": guard, "mode": "pre_call", "default_on": False, "timeout": UNLIMITED_MS / 1e3}
+    common["ordering"] = "input"  # the checks below read the documents in their input order (default: relevance)
     guardrails = {
         "rag-opt": {"ratio": 0.4},
         "rag-opt-sidecar": {"backend": "sidecar", "sidecar_url": sidecar, "tier": "model"},
@@ -115,8 +116,10 @@ def sidecar() -> Iterator[str]:
     from rag_opt.server.app import create_app
     from rag_opt.server.settings import ProxySettings
 
-    settings = ProxySettings(upstream="http://127.0.0.1:9/v1", warmup=False, time_budget_ms=UNLIMITED_MS)
-    app = create_app(settings, optimizer=ContextOptimizer())
+    settings = ProxySettings(
+        upstream="http://127.0.0.1:9/v1", warmup=False, time_budget_ms=UNLIMITED_MS, ordering="input"
+    )
+    app = create_app(settings, optimizer=ContextOptimizer(ordering="input"))
     with ServerThread(app) as server:
         yield server.url
     app.state.ragopt.pool.shutdown()

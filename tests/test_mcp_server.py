@@ -24,7 +24,7 @@ async def _session(log: Any, calls: list[tuple[str, dict[str, Any]]]) -> tuple[A
 
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "rag_opt.cli", "mcp", "--ratio", "0.5"],
+        args=["-m", "rag_opt.cli", "mcp", "--ratio", "0.5", "--ordering", "input"],  # in-process runs compare below
         env={
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
@@ -74,9 +74,9 @@ def test_the_optimize_context_tool_over_stdio(tmp_path):
     for r, expected in zip(
         ok,
         [
-            optimize(question, docs, ratio=0.33),
-            optimize(question, docs, target_tokens=200),
-            optimize(question, mixed, ratio=0.5),
+            optimize(question, docs, ratio=0.33, ordering="input"),
+            optimize(question, docs, target_tokens=200, ordering="input"),
+            optimize(question, mixed, ratio=0.5, ordering="input"),
         ],
         strict=True,
     ):

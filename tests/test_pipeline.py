@@ -24,7 +24,7 @@ def test_public_api_is_lazy():
 
 def test_ratio_one_keeps_everything_without_loading_a_model_and_says_so():
     docs = [{"text": "Alpha is first. Beta is second.", "metadata": {"m": 1}}, "Gamma is third."]
-    r = rag_opt.optimize("What is second?", docs, ratio=1.0)
+    r = rag_opt.optimize("What is second?", docs, ratio=1.0, ordering="input")  # the default ordering scores
     assert r.scorer == "none" and r.proxy_model is None
     assert [d.text for d in r.documents] == ["Alpha is first. Beta is second.", "Gamma is third."]
     assert [d.id for d in r.documents] == ["0", "1"]
@@ -88,9 +88,11 @@ def test_optimize_real_hotpotqa_question():
     assert r.token_budget is not None and r.tokens_after <= r.token_budget
     assert r.tokens_after >= 0.8 * r.token_budget  # the budget is filled, not just respected
     assert r.tokens_before == sum(counter.count(f"{d['title']}\n") + counter.count(d["text"]) for d in docs)
-    # documents keep their input order (default ordering) and their ids/metadata
+    # the default ordering (relevance): the most relevant document first, the rest by descending relevance
+    assert r.ordering == "relevance"
+    scores = [d.score for d in r.documents]
+    assert all(s is not None for s in scores) and scores == sorted(scores, reverse=True)  # type: ignore[type-var]
     by_id = {d["id"]: d for d in docs}
-    assert [d.index for d in r.documents] == sorted(d.index for d in r.documents)
     for out in r.documents:
         src = by_id[out.id]
         assert out.metadata == src["metadata"]

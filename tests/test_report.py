@@ -159,7 +159,7 @@ def test_explain_defaults_to_a_ratio_and_writes_the_page(tmp_path: Path) -> None
     tokens = [int(x.replace(",", "")) for x in re.findall(r'<div class="stat"><b>([\d,]+)</b>', page)[:3]]
     before, after, saved = tokens
     assert 0 < after <= DEFAULT_RATIO * before and saved == before - after
-    kept_all = ContextOptimizer(scorer=BM25Scorer(), ratio=1.0).optimize(QUESTION, docs)
+    kept_all = ContextOptimizer(scorer=BM25Scorer(), ratio=1.0, ordering="input").optimize(QUESTION, docs)
     written = write_html(kept_all, docs, tmp_path / "w.html").read_text(encoding="utf-8")
     assert "none scorer" in written  # ratio 1: nothing scored, everything kept, and the page says why
     assert "nothing compressed: the budget (ratio 1" in written

@@ -58,7 +58,7 @@ def proxy(upstream: FakeUpstream) -> Iterator[str]:
     from rag_opt import ContextOptimizer
 
     # the real embedded model (loaded once per process, shared with the other server tests)
-    with serve_proxy(upstream.url, ContextOptimizer()) as (url, _):  # type: ignore[attr-defined]
+    with serve_proxy(upstream.url, ContextOptimizer(), ordering="input") as (url, _):  # type: ignore[attr-defined]
         yield url
 
 

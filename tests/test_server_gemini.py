@@ -63,7 +63,7 @@ def proxy(upstream: FakeUpstream) -> Iterator[str]:
     from rag_opt import ContextOptimizer
 
     # the real embedded model (loaded once per process, shared with the other server tests)
-    with serve_proxy(upstream.url, ContextOptimizer()) as (url, _):
+    with serve_proxy(upstream.url, ContextOptimizer(), ordering="input") as (url, _):
         yield url
 
 

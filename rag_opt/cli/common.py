@@ -121,7 +121,9 @@ def add_optimizer_args(p: argparse.ArgumentParser) -> None:
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The optimizer's own options: target, ordering, probe, language, model."""
     p.add_argument("--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>")
-    p.add_argument("--ordering", default="input", choices=ORDERING_NAMES, help="document ordering (default: input)")
+    p.add_argument(
+        "--ordering", default="relevance", choices=ORDERING_NAMES, help="document ordering (default: relevance)"
+    )
     p.add_argument("--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
     p.add_argument(
         "--encoding",

@@ -111,7 +111,7 @@ class ProxySettings(BaseModel):
     threshold: float | None = Field(
         default=None, ge=0, le=1, description="keep sentences whose relevance probability is >= this"
     )
-    ordering: str = Field(default="input", description=f"document ordering: {', '.join(ORDERING_NAMES)}")
+    ordering: str = Field(default="relevance", description=f"document ordering: {', '.join(ORDERING_NAMES)}")
     target: str | None = Field(
         default=None,
         description="tokenizer of the upstream LLM, budgets are in its tokens: OpenAI model or tiktoken encoding "
