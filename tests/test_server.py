@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from rag_opt.install import install_hint
-from rag_opt.server.documents import plan_request
+from rag_opt.server.chat import plan_request
 from rag_opt.server.errors import RequestError
 from rag_opt.server.settings import ProxySettings
 from rag_opt.types import OptimizeResult, OutputDocument

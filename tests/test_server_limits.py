@@ -32,8 +32,8 @@ from rag_opt.compressors import BM25Scorer
 from rag_opt.errors import InvalidInputError, WorkLimitExceeded
 from rag_opt.server import compress as compress_module
 from rag_opt.server.app import create_app
+from rag_opt.server.chat import plan_request
 from rag_opt.server.compress import Compressor, CompressRequest
-from rag_opt.server.documents import plan_request
 from rag_opt.server.engine import Engine, Job
 from rag_opt.server.errors import RequestError
 from rag_opt.server.metrics import MAX_MODEL_CHARS, Metrics

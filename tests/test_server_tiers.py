@@ -20,7 +20,7 @@ import pytest
 from rag_opt import ContextOptimizer
 from rag_opt.compressors import BM25Scorer
 from rag_opt.models.threads import ThreadPolicy
-from rag_opt.server.documents import plan_request
+from rag_opt.server.chat import plan_request
 from rag_opt.server.errors import BudgetExceeded
 from rag_opt.server.pool import OptimizerPool
 from rag_opt.server.settings import ProxySettings

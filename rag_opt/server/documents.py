@@ -35,14 +35,14 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rag_opt.server.errors import RewriteError
 from rag_opt.server.json_edit import Edit, JsonEditor, JsonPath, apply_edits
 from rag_opt.server.markup import parse_attributes, scan, strip_blocks
-from rag_opt.server.request import EXTENSION_FIELD, Options, parse_request
+from rag_opt.server.request import EXTENSION_FIELD, Options
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.types import Document, OptimizeResult
@@ -58,7 +58,6 @@ __all__ = [
     "has_lone_surrogate",
     "parse_attributes",
     "place_first",
-    "plan_request",
     "texts_of",
 ]
 
@@ -187,7 +186,7 @@ class ContextPlan:
     has_extension_field: bool = False
     # the extension documents in request order: an index into ``documents``, or an empty document (not optimized)
     extension: list[int | Found] = field(default_factory=list)
-    placer: Placer | None = None  # where the extension documents go (None: a chat completion's messages)
+    placer: Placer | None = None  # where the extension documents go (each API's planner sets it)
     remover: Remover | None = None  # removes the blocks left blank (None: :meth:`remove_blank`)
 
     # -- finding (the planners of each API call these) --
@@ -322,7 +321,9 @@ class ContextPlan:
         values = dict(values)
         edits: list[Edit] = []
         if ext_text:
-            edits += (self.placer or _place_chat)(self, editor, values, ext_text)
+            if self.placer is None:
+                raise RewriteError("this request's API gives no place for the extension documents")
+            edits += self.placer(self, editor, values, ext_text)
         edits += (self.remover or ContextPlan.remove_blank)(self, editor, values)
         for path, value in values.items():
             edits.append(editor.replace(path, value))
@@ -399,59 +400,3 @@ def _gap(text: str, a: tuple[int, int], b: tuple[int, int]) -> bool:
 def _render_block(tag: str, d: Found, text: str) -> str:
     attrs = "".join(f' {k}="{html.escape(v, quote=True)}"' for k, v in (("id", d.id), ("title", d.title)) if v)
     return f"<{tag}{attrs}>{text}</{tag}>"
-
-
-def _place_chat(plan: ContextPlan, editor: JsonEditor, values: dict[JsonPath, str], ext_text: str) -> list[Edit]:
-    """Insert the extension documents into a chat completion: first in the last user message, or last in the
-    first system message with a string content, else as a new first system message."""
-    msgs = plan.body.get("messages")
-    msgs = msgs if isinstance(msgs, list) else []
-    roles = [m.get("role") if isinstance(m, dict) else None for m in msgs]
-    if plan.options.placement == "user" and "user" in roles:
-        i = len(roles) - 1 - roles[::-1].index("user")
-        placed = place_first(editor, values, ("messages", i, "content"), msgs[i].get("content"), "text", ext_text)
-        if placed is not None:
-            return placed
-    if plan.options.placement == "system":
-        for i, role in enumerate(roles):
-            if role in SYSTEM_ROLES and isinstance(msgs[i].get("content"), str):
-                path: JsonPath = ("messages", i, "content")
-                values[path] = values.get(path, msgs[i]["content"]) + "\n\n" + ext_text
-                return []
-    if not editor.is_array(("messages",)):
-        raise RewriteError("no messages to place the documents in")
-    return [editor.insert_first(("messages",), {"role": "system", "content": ext_text})]
-
-
-def plan_request(
-    raw: bytes,
-    headers: Mapping[str, str],
-    *,
-    tag: str = "document",
-    tool_messages: bool = True,
-    tool_min_chars: int = 2000,
-) -> ContextPlan:
-    """Find the context of a chat completion request body.
-
-    Raises :class:`~rag_opt.server.errors.RequestError` for a body that is not a valid chat completion request,
-    an invalid ``rag_opt`` field or ``x-ragopt-*`` header (see :func:`rag_opt.server.request.parse_request`).
-    """
-    body, options, ext_docs = parse_request(raw, headers)
-    plan = ContextPlan(raw=raw, body=body, tag=tag, query=None, options=options)
-    plan.has_extension_field = EXTENSION_FIELD in body
-    messages = body["messages"]
-    users = [i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
-    last_user = users[-1] if users else None
-    whole_min = tool_min_chars if tool_messages else None
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            continue
-        role = m.get("role")
-        is_tool = role in TOOL_ROLES and (last_user is None or i > last_user)
-        if not (role in SYSTEM_ROLES or i == last_user or is_tool):
-            continue
-        for path, text in texts_of(m.get("content"), ("messages", i, "content")):
-            plan.add_text(path, text, whole_min if is_tool else None)
-    plan.add_extension(ext_docs)
-    plan.set_query([t for _, t in texts_of(messages[last_user].get("content"), ())] if last_user is not None else [])
-    return plan

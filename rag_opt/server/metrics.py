@@ -2,9 +2,8 @@
 with the process and platform collectors on it, rendered by ``GET /metrics``; and the JSON summary of
 ``GET /stats`` (:meth:`Metrics.stats`).
 
-The encoding cache's counters and sizes (``ragopt_encoding_cache_*``) are read from its
-:meth:`~rag_opt.models.encoding_cache.EncodingCache.stats` at scrape time by a custom collector
-(:class:`EncodingCacheCollector`): the cache counts, the metrics only show (all 0 when there is no cache).
+The encoding cache's counters and sizes (``ragopt_encoding_cache_*``) are read at scrape time by
+:class:`~rag_opt.server.cache_metrics.EncodingCacheCollector`: the cache counts, the metrics only show.
 
 Updated from the event loop and the optimizer's worker threads (``prometheus_client``'s instruments are
 thread-safe). Every labelled family starts with its documented label values at 0, so a scrape always shows
@@ -17,7 +16,7 @@ import datetime
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
@@ -29,8 +28,8 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+
+from rag_opt.server.cache_metrics import EncodingCacheCollector
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.models.encoding_cache import EncodingCache
@@ -39,8 +38,6 @@ __all__ = [
     "BATCH_BUCKETS",
     "COMPRESS_OUTCOMES",
     "CONTENT_TYPE",
-    "ENCODING_CACHE_COUNTERS",
-    "ENCODING_CACHE_GAUGES",
     "FAIL_OPEN_REASONS",
     "LATENCY_BUCKETS",
     "LEXICAL_REASONS",
@@ -55,7 +52,6 @@ __all__ = [
     "TIMEOUT_STAGES",
     "UPSTREAM_ERRORS",
     "WAIT_BUCKETS",
-    "EncodingCacheCollector",
     "Metrics",
 ]
 
@@ -107,29 +103,6 @@ OPTIMIZER_STATES = ("cold", "loading", "ready", "failed")
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-# the encoding cache (parallel encoding): CacheStats field -> (metric family, help); counters get "_total"
-ENCODING_CACHE_COUNTERS = {
-    "hits": (
-        "ragopt_encoding_cache_hits",
-        "Encoding cache lookups answered (a document block's or the prefix's encoding, not recomputed).",
-    ),
-    "misses": ("ragopt_encoding_cache_misses", "Encoding cache lookups not answered (the proxy encoded them)."),
-    "disk_hits": ("ragopt_encoding_cache_disk_hits", "Encoding cache hits read from its disk tier."),
-    "disk_writes": ("ragopt_encoding_cache_disk_writes", "Encodings written to the encoding cache's disk tier."),
-    "disk_corrupt": (
-        "ragopt_encoding_cache_disk_corrupt",
-        "Corrupt, truncated or foreign encoding cache files found (removed and recomputed, never trusted).",
-    ),
-    "evictions": ("ragopt_encoding_cache_evictions", "Encodings evicted from the memory tier (least recently used)."),
-}
-ENCODING_CACHE_GAUGES = {
-    "entries": ("ragopt_encoding_cache_entries", "Encodings held in the encoding cache's memory tier."),
-    "bytes": ("ragopt_encoding_cache_bytes", "Bytes held in the encoding cache's memory tier."),
-    "max_bytes": (
-        "ragopt_encoding_cache_max_bytes",
-        "Bound of the encoding cache's memory tier in bytes (--cache-bytes).",
-    ),
-}
 MAX_MODELS = 100  # distinct model names kept by /stats; later ones are counted under "other"
 MAX_MODEL_CHARS = 200  # a longer model name is kept cut to this many characters (and marked so)
 OTHER_MODEL = "other"
@@ -141,27 +114,6 @@ def _labelled(registry: CollectorRegistry, name: str, doc: str, label: str, valu
     for value in values:
         counter.labels(value)
     return counter
-
-
-class EncodingCacheCollector(Collector):
-    """The encoding cache's metrics, read from ``cache()``'s stats at each scrape (zeros when it is None)."""
-
-    def __init__(self, cache: Callable[[], EncodingCache | None]) -> None:
-        self.cache = cache
-
-    def describe(self) -> Iterator[Metric]:
-        return self._families(None)
-
-    def collect(self) -> Iterator[Metric]:
-        cache = self.cache()
-        return self._families(cache.stats().to_dict() if cache is not None else {})
-
-    @staticmethod
-    def _families(values: dict[str, int] | None) -> Iterator[Metric]:
-        for field, (name, doc) in ENCODING_CACHE_COUNTERS.items():
-            yield CounterMetricFamily(name, doc, value=None if values is None else values.get(field, 0))
-        for field, (name, doc) in ENCODING_CACHE_GAUGES.items():
-            yield GaugeMetricFamily(name, doc, value=None if values is None else values.get(field, 0))
 
 
 class Metrics:
