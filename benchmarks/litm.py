@@ -7,11 +7,13 @@ its ``test`` split only (``rag_opt.training.datasets.nq_split``: never trained o
 passage is placed at each slot of the paper's grid (1, 5, 10, ... N, 1-based) among the first N-1 BM25 distractors;
 the same ``--questions`` questions at every slot (the first of the split that have enough distractors).
 
-Conditions (``--orders`` × ``--budgets``): the documents the reader gets, in the order rag-opt gives them,
+Conditions (``--orders`` × ``--budgets``, or an explicit ``--conditions relevance@full,input@1/3,...``): the documents
+the reader gets, in the order rag-opt gives them,
 
 * orders: ``input`` (the retriever's, i.e. the paper's curve), ``lost_in_the_middle`` (end placement),
   ``relevance`` (best first, the rest by descending relevance), ``calibrated`` (placement by the positional
-  profile of the target when one exists, else the proxy's), ``attention_sort``;
+  profile of the reader, ``rag-opt calibrate --reader``, when one exists, else the proxy's, else end placement;
+  the report says which placed the documents), ``attention_sort``;
 * budgets: ``full`` (nothing dropped: ``ratio=1``) and fractions such as ``1/3`` (rag-opt's compression at that
   share of the o200k tokens, the library defaults otherwise).
 
@@ -28,15 +30,19 @@ gold answer is a substring of the normalised prediction.
 Reported per slot and over slots: accuracy of every condition, and its paired difference to ``input`` at full
 context with a percentile-bootstrap 95 % CI over questions (the same questions at each slot). Conditions are
 interleaved per question in a rotating order, so machine noise hits all alike. Every answer is appended to a JSONL
-cache next to the output (``litm.cache.jsonl``), keyed by the reader's signature, N, slot, question and condition: an
-interrupted run resumes where it stopped (``--report-only`` re-prints and re-plots the saved results). A second
-process with ``--from-end`` walks the questions from the other end on another core; the report covers the questions
-answered in every condition at every slot (``questions_per_slot``, out of ``questions_asked``).
+cache next to the output (``litm.cache.jsonl``), keyed by the reader's signature, N, slot, question and condition,
+with the SHA-256 of the context the reader was given. A run builds every condition's context anew and reuses an answer
+only for the very same context: a changed probe, profile or rag-opt version re-asks exactly the conditions whose
+context changed, and an interrupted run resumes where it stopped (``--report-only`` re-prints and re-plots the saved
+results). A second process with ``--from-end`` walks the questions from the other end on another core; the report
+covers the questions answered in every condition at every slot (``questions_per_slot``, out of
+``questions_asked``), with answers checked against this run's contexts (``--cached-only`` trusts the cache).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import time
@@ -74,17 +80,34 @@ class Condition:
         return f"{self.order}@{Fraction(self.ratio).limit_denominator(100)}"
 
 
-def parse_conditions(orders: str, budgets: str) -> list[Condition]:
-    out = []
-    for budget in (b.strip() for b in budgets.split(",") if b.strip()):
+def _condition(order: str, budget: str) -> Condition:
+    try:
         ratio = None if budget == "full" else float(Fraction(budget))
-        if ratio is not None and not 0 < ratio < 1:
-            raise SystemExit(f"budget {budget!r}: use 'full' or a fraction in (0, 1) such as 1/3")
-        for order in (o.strip() for o in orders.split(",") if o.strip()):
-            if order not in ORDERS:
-                raise SystemExit(f"unknown order {order!r}: use {', '.join(ORDERS)}")
-            out.append(Condition(order, ratio))
-    if not any(c.key == BASELINE for c in out):
+    except (ValueError, ZeroDivisionError):
+        raise SystemExit(f"budget {budget!r}: use 'full' or a fraction in (0, 1) such as 1/3") from None
+    if ratio is not None and not 0 < ratio < 1:
+        raise SystemExit(f"budget {budget!r}: use 'full' or a fraction in (0, 1) such as 1/3")
+    if order not in ORDERS:
+        raise SystemExit(f"unknown order {order!r}: use {', '.join(ORDERS)}")
+    return Condition(order, ratio)
+
+
+def parse_conditions(orders: str, budgets: str, explicit: str | None = None) -> list[Condition]:
+    """``orders`` × ``budgets``, or the ``explicit`` list of ``order@budget`` (e.g. ``relevance@full,input@1/3``)."""
+    out: list[Condition] = []
+    if explicit:
+        for spec in (x.strip() for x in explicit.split(",") if x.strip()):
+            order, sep, budget = spec.partition("@")
+            if not sep:
+                raise SystemExit(f"condition {spec!r}: write order@budget, e.g. relevance@full or input@1/3")
+            out.append(_condition(order.strip(), budget.strip()))
+    else:
+        for budget in (b.strip() for b in budgets.split(",") if b.strip()):
+            out.extend(_condition(o.strip(), budget) for o in orders.split(",") if o.strip())
+    keys = [c.key for c in out]
+    if len(set(keys)) != len(keys):
+        raise SystemExit(f"a condition is listed twice: {', '.join(keys)}")
+    if BASELINE not in keys:
         raise SystemExit(f"the conditions must include the baseline {BASELINE} (orders 'input', budget 'full')")
     return out
 
@@ -98,8 +121,9 @@ class LitmReader(Reader):
 
 
 def contexts(opt: Any, ex: NQExample, n_docs: int, slot: int, conds: list[Condition]) -> dict[str, dict[str, Any]]:
-    """Each condition's rendered context, where the gold passage landed (0-based; None: dropped), how many documents
-    were kept, and the context's o200k tokens."""
+    """Each condition's rendered context and its SHA-256, where the gold passage landed (0-based; None: dropped),
+    how many documents were kept, the context's o200k tokens, and the profile that placed the documents (calibrated
+    ordering)."""
     docs = ex.documents(n_docs, slot)
     inputs = [{"id": str(i), "title": d["title"], "text": d["text"]} for i, d in enumerate(docs)]
     out = {}
@@ -107,11 +131,14 @@ def contexts(opt: Any, ex: NQExample, n_docs: int, slot: int, conds: list[Condit
         result = opt.optimize(ex.question, inputs, ratio=1.0 if c.ratio is None else c.ratio, ordering=c.order)
         kept = [(d.title or "", d.text) for d in result.documents]
         ids = [d.id for d in result.documents]
+        context = render(kept)
         out[c.key] = {
-            "context": render(kept),
+            "context": context,
+            "context_sha": hashlib.sha256(context.encode()).hexdigest(),
             "gold_at": ids.index(str(slot)) if str(slot) in ids else None,
             "n_kept": len(ids),
             "tokens": result.tokens_after,
+            "placement_profile": result.placement_profile,
         }
     return out
 
@@ -137,12 +164,24 @@ def _grid(args: argparse.Namespace) -> list[int]:
 
 def _load_cache(path: Path) -> dict[str, dict[str, Any]]:
     cache: dict[str, dict[str, Any]] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            if line.strip():
-                row = json.loads(line)
-                cache[row["key"]] = row
+    _read_new(path, 0, cache)
     return cache
+
+
+def _read_new(path: Path, offset: int, cache: dict[str, dict[str, Any]]) -> int:
+    """Add the cache file's complete lines from byte ``offset`` on to ``cache`` (a later answer for a key replaces
+    an earlier one); returns the offset after the last complete line. Another process may be appending."""
+    if not path.is_file():
+        return offset
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1  # a line still being written is read next time
+    for line in data[:end].decode().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            cache[row["key"]] = row
+    return offset + end
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -151,12 +190,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from rag_opt.pipeline import ContextOptimizer
 
     questions, grid = _questions(args), _grid(args)
-    conds = parse_conditions(args.orders, args.budgets)
+    conds = parse_conditions(args.orders, args.budgets, args.conditions)
     device = args.device or default_device()
     reader = LitmReader(args.reader, device, args.dtype or default_dtype(device), args.max_new_tokens)
-    opt = ContextOptimizer(threads=args.threads or "auto")
+    # the reader is the target: calibrated ordering places by its profile when `rag-opt calibrate --reader` made one
+    opt = ContextOptimizer(threads=args.threads or "auto", reader=args.reader)
     cache_path = Path(args.out).with_suffix(".cache.jsonl")
-    cache = _load_cache(cache_path)
+    cache: dict[str, dict[str, Any]] = {}
+    offset = _read_new(cache_path, 0, cache)
+    checked: set[str] = set()  # keys whose cached answer was given for the context built in this run
     step = 0
     # slot-major within each question: every question is answered at every slot before the next one starts, so a
     # run stopped early leaves whole questions (the paired comparison needs the same questions at each slot)
@@ -165,9 +207,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for ex in walk:
             for slot in grid:
                 keys = {c.key: _cache_key(reader.signature, args.n_docs, slot, ex.index, c.key) for c in conds}
-                missing = [c for c in conds if keys[c.key] not in cache]
+                offset = _read_new(cache_path, offset, cache)  # what a process walking from the other end answered
+                built = contexts(opt, ex, args.n_docs, slot, conds)
+                missing = []
+                for c in conds:
+                    row = cache.get(keys[c.key])
+                    if row is not None and row.get("context_sha") == built[c.key]["context_sha"]:
+                        checked.add(keys[c.key])
+                    else:  # never asked, or asked with another context (e.g. before a probe changed)
+                        missing.append(c)
                 if missing:
-                    built = contexts(opt, ex, args.n_docs, slot, missing)
                     rot = step % len(missing)
                     for c in missing[rot:] + missing[:rot]:  # a rotating order: noise hits all conditions alike
                         t0 = time.perf_counter()
@@ -176,17 +225,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             "key": keys[c.key],
                             "answer": raw,
                             "correct": best_subspan_em(raw, ex.answers),
-                            **{k: built[c.key][k] for k in ("gold_at", "n_kept", "tokens")},
+                            **{
+                                k: built[c.key][k]
+                                for k in ("context_sha", "gold_at", "n_kept", "tokens", "placement_profile")
+                            },
                             "reader_s": round(time.perf_counter() - t0, 3),
                         }
                         cache[row["key"]] = row
+                        checked.add(row["key"])
                         sink.write(json.dumps(row) + "\n")
                         sink.flush()
                         logger.debug("q%d slot %d %s: %r -> %s", ex.index, slot + 1, c.key, raw, row["correct"])
                 step += 1
                 bar.update(1)
-    # a second process walking from the end may have answered others since this one started: read the cache again
-    return summarise(args, conds, grid, questions, _load_cache(cache_path), reader.signature)
+    if args.cached_only:
+        logger.warning("--cached-only: the answers are not checked against the contexts this rag-opt would build")
+        return summarise(args, conds, grid, questions, _load_cache(cache_path), reader.signature)
+    # only answers checked against this run's contexts count: a process walking from the other end answers its
+    # questions first, and this one then checks them when it gets there (building the contexts, asking nothing)
+    return summarise(args, conds, grid, questions, {k: cache[k] for k in checked}, reader.signature)
 
 
 def summarise(
@@ -243,6 +300,7 @@ def summarise(
             "gold_first": float(np.mean([r["gold_at"] == 0 for r in placed])),
             "gold_last": float(np.mean([r["gold_at"] is not None and r["gold_at"] == r["n_kept"] - 1 for r in placed])),
             "mean_tokens": float(np.mean([r["tokens"] for r in placed])),
+            "placement_profiles": sorted({str(r.get("placement_profile")) for r in placed}),
         }
     return res
 
@@ -264,6 +322,10 @@ def show(res: dict[str, Any]) -> None:
             + f"{c['accuracy_mean']:8.3f}  {d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]  {worst_lo:+13.3f}"
             + f"  {c['mean_tokens']:7.0f}  {c['gold_first']:.2f}/{c['gold_last']:.2f}"
         )
+    for key, c in res["conditions"].items():
+        placed_by = [p for p in c.get("placement_profiles", []) if p != "None"]
+        if placed_by:
+            print(f"{key}: placed by {'; '.join(placed_by)}")
 
 
 def plot(res: dict[str, Any], out: Path) -> None:
@@ -307,6 +369,12 @@ def main() -> None:
     ap.add_argument("--slots", type=_slots, default=None, help="1-based gold slots of the grid, e.g. 1,10,20")
     ap.add_argument("--orders", default=",".join(ORDERS), help=f"comma-separated (default: {','.join(ORDERS)})")
     ap.add_argument("--budgets", default="full,1/3", help="comma-separated: full and/or fractions (default full,1/3)")
+    ap.add_argument(
+        "--conditions",
+        default=None,
+        help="an explicit list of order@budget instead of --orders x --budgets, e.g. "
+        "input@full,relevance@full,relevance@1/3 (must include input@full)",
+    )
     ap.add_argument("--reader", default=DEFAULT_READER, help="reader LM: embedded:<name>, HF id or local folder")
     ap.add_argument("--device", default=None, help="reader device (default cpu)")
     ap.add_argument("--dtype", default=None, help="reader precision (default: bf16 where native, else float32)")

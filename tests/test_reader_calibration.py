@@ -192,3 +192,31 @@ def test_calibrate_a_local_reader_by_its_attention(tmp_path, capsys):
     assert profile is not None and profile.method == "attention" and profile.contexts == 2
     assert profile.slot_weight.shape == (3,) and (profile.slot_weight > 0).all()
     assert (tmp_path / "r.png").stat().st_size > 0
+
+
+@pytest.mark.model
+def test_calibrate_a_local_reader_by_its_accuracy(tmp_path, capsys):
+    from rag_opt.cli import main
+    from tests.helpers import data_path
+
+    data = data_path("nq_multidoc", "public.jsonl.gz")
+    args = ["calibrate", "--reader", "embedded:smollm2-135m", "--n-docs", "3", "--method", "accuracy"]
+    assert main([*args, "--max-requests", "4", "--data", str(data), "--store", str(tmp_path)]) == 0
+    assert "4 answers from embedded:smollm2-135m" in capsys.readouterr().out
+    profile = ReaderProfileStore(tmp_path).get("embedded:smollm2-135m", 3)
+    assert profile is not None and profile.method == "accuracy" and profile.contexts == 2
+    assert profile.metadata["measured_slots"] == [1, 3] and profile.metadata["requests"] == 4
+    # accuracies of 2 questions: each measured slot is 0, 0.5 or 1, and the middle slot is interpolated
+    acc = profile.metadata["accuracy"]
+    assert all(a in (0.0, 0.5, 1.0) for a in acc)
+    assert profile.slot_weight.tolist() == pytest.approx([acc[0], (acc[0] + acc[1]) / 2, acc[1]])
+
+
+def test_calibrate_reader_refuses_attention_through_an_api(tmp_path, capsys):
+    from rag_opt.cli import main
+    from tests.helpers import data_path
+
+    data = data_path("nq_multidoc", "public.jsonl.gz")
+    args = ["calibrate", "--reader", "edge-llm", "--n-docs", "3", "--data", str(data), "--store", str(tmp_path)]
+    assert main([*args, "--upstream", "http://127.0.0.1:9/v1", "--method", "attention"]) != 0
+    assert "--method attention needs a local model" in capsys.readouterr().err

@@ -32,7 +32,13 @@ def calibrate_reader(args: argparse.Namespace) -> int:
     if profile is not None:
         print(f"using cached {store.path(reader, args.n_docs)} ({profile.describe()}); --force measures it again")
     elif args.upstream:
+        if args.method == "attention":
+            raise UserError(
+                "--method attention needs a local model: drop --upstream (a remote reader's attention cannot be read)"
+            )
         profile = _by_accuracy(args, reader, data)
+    elif args.method == "accuracy":
+        profile = _by_local_accuracy(args, reader, data)
     else:
         profile = _by_attention(args, data)
     path = store.put(profile)
@@ -56,6 +62,19 @@ def _by_accuracy(args: argparse.Namespace, reader: str, data: str) -> ReaderProf
     finally:
         client.close()
     print(f"{client.requests} requests to {args.upstream}")
+    return profile
+
+
+def _by_local_accuracy(args: argparse.Namespace, reader: str, data: str) -> ReaderProfile:
+    from rag_opt.models.loader import load_proxy_model
+    from rag_opt.training.datasets import nq_split, read_nq_multidoc
+    from rag_opt.training.reader_calibration import LocalChatReader, reader_accuracy_profile
+
+    model = load_proxy_model(args.reader, device=args.device, dtype=args.dtype)
+    records = nq_split(read_nq_multidoc(data, min_distractors=max(args.n_docs - 1, 0)), "calibration")
+    local = LocalChatReader(model)
+    profile = reader_accuracy_profile(local, model.name, args.n_docs, records, max_requests=args.max_requests)
+    print(f"{local.requests} answers from {model.name}")
     return profile
 
 

@@ -39,10 +39,17 @@ def register(sub: Any) -> None:
         "--upstream-api-key", default=None, help="bearer key for --upstream (default $RAG_OPT_UPSTREAM_API_KEY)"
     )
     p.add_argument(
+        "--method",
+        choices=["attention", "accuracy"],
+        default=None,
+        help="how a reader's profile is measured: its attention share per slot (a local model only) or its accuracy "
+        "per slot on NQ calibration questions (default: accuracy through --upstream, else attention)",
+    )
+    p.add_argument(
         "--max-requests",
         type=int,
         default=200,
-        help="at most this many API requests for an accuracy profile (spread over the measured slots; default 200)",
+        help="at most this many answers for an accuracy profile (spread over the measured slots; default 200)",
     )
     add_model_args(p)
     p.set_defaults(handler=_calibrate)

@@ -9,6 +9,9 @@ Two ways, by what the reader is:
   slot on NQ questions of the calibration split, the relevant passage placed at each slot of a grid among
   non-relevant ones (Liu et al. 2023's setting and prompt), answered greedily. The number of requests is bounded
   (``max_requests``); slots between grid points are interpolated.
+* **a local model by its accuracy** (``--method accuracy``): the same measurement, the model answering in process
+  (:class:`LocalChatReader`). Attention shares and accuracy need not agree: a reader can attend to the first and
+  the last slot alike and still answer from the first one far more often.
 
 Both give a :class:`rag_opt.orderers.reader_profiles.ReaderProfile`, which ``ordering="calibrated"`` reads. The
 NQ calibration split (index % 10 == 0) is never measured on by the benchmarks.
@@ -31,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "INSTRUCTION",
+    "LocalChatReader",
     "OpenAIChatReader",
     "ReaderCallError",
     "best_subspan_em",
@@ -128,6 +132,34 @@ class OpenAIChatReader:
 
     def close(self) -> None:
         self._client.close()
+
+
+class LocalChatReader:
+    """A local causal LM (loaded by :func:`rag_opt.models.loader.load_proxy_model`) answering chat messages with
+    its chat template, greedily, in at most ``max_tokens`` tokens: the in-process counterpart of
+    :class:`OpenAIChatReader` for an accuracy profile."""
+
+    def __init__(self, model: ProxyModel, *, max_tokens: int = 32) -> None:
+        if max_tokens < 1:
+            raise InvalidInputError(f"max_tokens must be positive, got {max_tokens}")
+        if getattr(model.tokenizer, "chat_template", None) is None:
+            raise InvalidInputError(f"{model.name} has no chat template: it cannot answer chat messages")
+        self.lm = model
+        self.max_tokens = max_tokens
+        self.requests = 0
+
+    def __call__(self, messages: Messages) -> str:
+        import torch
+
+        tok: Any = self.lm.tokenizer
+        enc = tok.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, return_tensors="pt")
+        enc = enc.to(self.lm.device)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        self.requests += 1
+        model: Any = self.lm.model
+        with self.lm.lock, torch.inference_mode():
+            out = model.generate(**enc, max_new_tokens=self.max_tokens, do_sample=False, pad_token_id=pad)
+        return str(tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True))
 
 
 def reader_accuracy_profile(
