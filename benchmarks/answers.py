@@ -147,9 +147,11 @@ class Reader:
 
     def __init__(self, model: str, device: str, dtype: str, max_new_tokens: int) -> None:
         from rag_opt.models.loader import load_proxy_model
+        from rag_opt.training.reader_calibration import LocalChatReader
 
         self.lm = load_proxy_model(model, device=device, dtype=dtype)
         self.max_new_tokens = max_new_tokens
+        self._chat = LocalChatReader(self.lm, max_tokens=max_new_tokens)  # chat template, greedy decoding
         self.signature = hashlib.sha256(
             json.dumps([self.lm.name, dtype, max_new_tokens, self.messages("Q?", "C")]).encode()
         ).hexdigest()[:16]
@@ -160,21 +162,7 @@ class Reader:
         return [{"role": "system", "content": INSTRUCTION}, {"role": "user", "content": f"{docs}Question: {question}"}]
 
     def answer(self, question: str, context: str) -> str:
-        import torch
-
-        tok: Any = self.lm.tokenizer
-        model: Any = self.lm.model
-        enc = tok.apply_chat_template(
-            self.messages(question, context), add_generation_prompt=True, return_dict=True, return_tensors="pt"
-        ).to(self.lm.device)
-        with torch.inference_mode():
-            out = model.generate(
-                **enc,
-                max_new_tokens=self.max_new_tokens,
-                do_sample=False,
-                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
-            )
-        return str(tok.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True))
+        return self._chat(self.messages(question, context))
 
 
 # -- contexts ---------------------------------------------------------------------------------------------------------

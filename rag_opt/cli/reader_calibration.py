@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rag_opt.cli.common import UserError, default_data_dir
 from rag_opt.install import install_hint
 from rag_opt.orderers.reader_profiles import ReaderProfile, ReaderProfileStore, reader_key
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.training.datasets import NQExample
 
 __all__ = ["calibrate_reader"]
 
@@ -50,12 +54,18 @@ def calibrate_reader(args: argparse.Namespace) -> int:
     return 0
 
 
-def _by_accuracy(args: argparse.Namespace, reader: str, data: str) -> ReaderProfile:
+def _calibration_records(args: argparse.Namespace, data: str) -> list[NQExample]:
+    """The NQ calibration split's questions with the distractors ``args.n_docs`` documents need."""
     from rag_opt.training.datasets import nq_split, read_nq_multidoc
+
+    return nq_split(read_nq_multidoc(data, min_distractors=max(args.n_docs - 1, 0)), "calibration")
+
+
+def _by_accuracy(args: argparse.Namespace, reader: str, data: str) -> ReaderProfile:
     from rag_opt.training.reader_calibration import OpenAIChatReader, reader_accuracy_profile
 
     key = args.upstream_api_key or os.environ.get("RAG_OPT_UPSTREAM_API_KEY") or None
-    records = nq_split(read_nq_multidoc(data, min_distractors=max(args.n_docs - 1, 0)), "calibration")
+    records = _calibration_records(args, data)
     client = OpenAIChatReader(args.upstream, reader, api_key=key)
     try:
         profile = reader_accuracy_profile(client, reader, args.n_docs, records, max_requests=args.max_requests)
@@ -67,11 +77,10 @@ def _by_accuracy(args: argparse.Namespace, reader: str, data: str) -> ReaderProf
 
 def _by_local_accuracy(args: argparse.Namespace, reader: str, data: str) -> ReaderProfile:
     from rag_opt.models.loader import load_proxy_model
-    from rag_opt.training.datasets import nq_split, read_nq_multidoc
     from rag_opt.training.reader_calibration import LocalChatReader, reader_accuracy_profile
 
     model = load_proxy_model(args.reader, device=args.device, dtype=args.dtype)
-    records = nq_split(read_nq_multidoc(data, min_distractors=max(args.n_docs - 1, 0)), "calibration")
+    records = _calibration_records(args, data)
     local = LocalChatReader(model)
     profile = reader_accuracy_profile(local, model.name, args.n_docs, records, max_requests=args.max_requests)
     print(f"{local.requests} answers from {model.name}")
