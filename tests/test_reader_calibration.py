@@ -200,9 +200,13 @@ def test_calibrate_a_local_reader_by_its_accuracy(tmp_path, capsys):
     from tests.helpers import data_path
 
     data = data_path("nq_multidoc", "public.jsonl.gz")
+    # a cached profile measured by attention is not taken for the accuracy profile asked for
+    attention = ReaderProfile("embedded:smollm2-135m", 3, "attention", np.array([0.5, 0.2, 0.3]), contexts=1)
+    ReaderProfileStore(tmp_path).put(attention)
     args = ["calibrate", "--reader", "embedded:smollm2-135m", "--n-docs", "3", "--method", "accuracy"]
     assert main([*args, "--max-requests", "4", "--data", str(data), "--store", str(tmp_path)]) == 0
-    assert "4 answers from embedded:smollm2-135m" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "was measured by attention: measuring by accuracy" in out and "4 answers from embedded:smollm2-135m" in out
     profile = ReaderProfileStore(tmp_path).get("embedded:smollm2-135m", 3)
     assert profile is not None and profile.method == "accuracy" and profile.contexts == 2
     assert profile.metadata["measured_slots"] == [1, 3] and profile.metadata["requests"] == 4
@@ -210,6 +214,24 @@ def test_calibrate_a_local_reader_by_its_accuracy(tmp_path, capsys):
     acc = profile.metadata["accuracy"]
     assert all(a in (0.0, 0.5, 1.0) for a in acc)
     assert profile.slot_weight.tolist() == pytest.approx([acc[0], (acc[0] + acc[1]) / 2, acc[1]])
+    # without --method the cached profile is used, whatever measured it
+    assert (
+        main(
+            [
+                "calibrate",
+                "--reader",
+                "embedded:smollm2-135m",
+                "--n-docs",
+                "3",
+                "--data",
+                str(data),
+                "--store",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    assert "using cached" in capsys.readouterr().out
 
 
 def test_calibrate_reader_refuses_attention_through_an_api(tmp_path, capsys):

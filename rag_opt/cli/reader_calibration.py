@@ -31,17 +31,21 @@ def calibrate_reader(args: argparse.Namespace) -> int:
     data = args.data or str(default_data_dir() / "nq_multidoc" / "public.jsonl.gz")
     if not Path(data).is_file():
         raise UserError(f"data not found: {data}")
+    if args.upstream and args.method == "attention":
+        raise UserError(
+            "--method attention needs a local model: drop --upstream (a remote reader's attention cannot be read)"
+        )
+    method = args.method or ("accuracy" if args.upstream else "attention")
     store = ReaderProfileStore(args.store)
     profile = None if args.force else store.get(reader, args.n_docs)
+    if profile is not None and args.method and profile.method != args.method:  # an explicit other method measures
+        print(f"the cached {store.path(reader, args.n_docs)} was measured by {profile.method}: measuring by {method}")
+        profile = None
     if profile is not None:
         print(f"using cached {store.path(reader, args.n_docs)} ({profile.describe()}); --force measures it again")
     elif args.upstream:
-        if args.method == "attention":
-            raise UserError(
-                "--method attention needs a local model: drop --upstream (a remote reader's attention cannot be read)"
-            )
         profile = _by_accuracy(args, reader, data)
-    elif args.method == "accuracy":
+    elif method == "accuracy":
         profile = _by_local_accuracy(args, reader, data)
     else:
         profile = _by_attention(args, data)
