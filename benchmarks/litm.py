@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     reader = LitmReader(args.reader, device, args.dtype or default_dtype(device), args.max_new_tokens)
     # the reader is the target: calibrated ordering places by its profile when `rag-opt calibrate --reader` made one
     opt = ContextOptimizer(threads=args.threads or "auto", reader=args.reader)
-    cache_path = Path(args.out).with_suffix(".cache.jsonl")
+    cache_path = Path(args.cache) if args.cache else Path(args.out).with_suffix(".cache.jsonl")
     cache: dict[str, dict[str, Any]] = {}
     offset = _read_new(cache_path, 0, cache)
     checked: set[str] = set()  # keys whose cached answer was given for the context built in this run
@@ -280,13 +280,17 @@ def summarise(
         "conditions": {},
     }
     for c in conds:
-        per_slot, diffs, every, every_base, placed = [], [], [], [], []
+        per_slot, diffs, every, every_base, placed, won_lost = [], [], [], [], [], []
         for slot in grid:
             got = rows(c.key, slot)
             a = [float(r["correct"]) for r in got]
             b = [float(r["correct"]) for r in rows(BASELINE, slot)]
             per_slot.append(float(np.mean(a)))
             diffs.append(paired_bootstrap(a, b))
+            # the discordant pairs behind the CI: questions only this condition answered, and only the baseline
+            won_lost.append(
+                [sum(x > y for x, y in zip(a, b, strict=True)), sum(x < y for x, y in zip(a, b, strict=True))]
+            )
             every += a
             every_base += b
             placed += got
@@ -296,6 +300,7 @@ def summarise(
             "best_minus_worst": float(max(per_slot) - min(per_slot)),
             "diff_per_slot": [dict(zip(("mean", "lo", "hi"), d, strict=True)) for d in diffs],
             "diff_mean": dict(zip(("mean", "lo", "hi"), paired_bootstrap(every, every_base), strict=True)),
+            "won_lost_per_slot": won_lost,
             "gold_kept": float(np.mean([r["gold_at"] is not None for r in placed])),
             "gold_first": float(np.mean([r["gold_at"] == 0 for r in placed])),
             "gold_last": float(np.mean([r["gold_at"] is not None and r["gold_at"] == r["n_kept"] - 1 for r in placed])),
@@ -322,6 +327,12 @@ def show(res: dict[str, Any]) -> None:
             + f"{c['accuracy_mean']:8.3f}  {d['mean']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]  {worst_lo:+13.3f}"
             + f"  {c['mean_tokens']:7.0f}  {c['gold_first']:.2f}/{c['gold_last']:.2f}"
         )
+    paired = [key for key, c in res["conditions"].items() if key != res["baseline"] and "won_lost_per_slot" in c]
+    if paired:
+        print(f"questions answered only by the condition / only by {res['baseline']}, per slot:")
+    for key, c in res["conditions"].items():
+        if key in paired:
+            print(f"{key:28s}" + "".join(f"{f'+{w}/-{lo}':>8s}" for w, lo in c["won_lost_per_slot"]))
     for key, c in res["conditions"].items():
         placed_by = [p for p in c.get("placement_profiles", []) if p != "None"]
         if placed_by:
@@ -381,6 +392,11 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: rag-opt's 'auto')")
     ap.add_argument("--out", default=None, help="results JSON (default results/litm_n<N>.json)")
+    ap.add_argument(
+        "--cache",
+        default=None,
+        help="answer cache JSONL (default: next to --out, <out>.cache.jsonl): several reports of one set of answers",
+    )
     ap.add_argument("--report-only", action="store_true", help="re-print and re-plot the saved results")
     ap.add_argument(
         "--cached-only",
