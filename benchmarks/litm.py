@@ -15,7 +15,9 @@ the reader gets, in the order rag-opt gives them,
   profile of the reader, ``rag-opt calibrate --reader``, when one exists, else the proxy's, else end placement;
   the report says which placed the documents), ``attention_sort``;
 * budgets: ``full`` (nothing dropped: ``ratio=1``) and fractions such as ``1/3`` (rag-opt's compression at that
-  share of the o200k tokens, the library defaults otherwise).
+  share of the o200k tokens, the library defaults otherwise);
+* ``order+dropX@fraction`` (e.g. ``relevance+drop0.2@1/3``): the same with ``drop_below_best=X``, the documents
+  whose relevance is below X times the best document's are dropped and the budget goes to the others.
 
 Each condition is one ``ContextOptimizer().optimize(question, documents, ratio=..., ordering=...)`` call (the
 library defaults: embedded SmolLM2 proxy, parallel encoding: the documents are read once per question and the other
@@ -46,6 +48,7 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
@@ -72,12 +75,14 @@ GRIDS = {10: (0, 4, 9), 20: (0, 4, 9, 14, 19), 30: (0, 4, 9, 14, 19, 24, 29)}
 class Condition:
     order: str
     ratio: float | None  # None: the full context
+    drop: float | None = None  # ContextOptimizer(drop_below_best=...): documents far below the best are dropped
 
     @property
     def key(self) -> str:
+        order = self.order if self.drop is None else f"{self.order}+drop{self.drop:g}"
         if self.ratio is None:
-            return f"{self.order}@full"
-        return f"{self.order}@{Fraction(self.ratio).limit_denominator(100)}"
+            return f"{order}@full"
+        return f"{order}@{Fraction(self.ratio).limit_denominator(100)}"
 
 
 def _condition(order: str, budget: str) -> Condition:
@@ -87,9 +92,21 @@ def _condition(order: str, budget: str) -> Condition:
         raise SystemExit(f"budget {budget!r}: use 'full' or a fraction in (0, 1) such as 1/3") from None
     if ratio is not None and not 0 < ratio < 1:
         raise SystemExit(f"budget {budget!r}: use 'full' or a fraction in (0, 1) such as 1/3")
+    order, _, drop_spec = order.partition("+")
+    drop = None
+    if drop_spec:
+        try:
+            drop = float(drop_spec.removeprefix("drop")) if drop_spec.startswith("drop") else None
+        except ValueError:
+            drop = None
+        if drop is None or not 0 < drop <= 1 or ratio is None:
+            raise SystemExit(
+                f"{order}+{drop_spec}@{budget}: write order+dropX@fraction, X in (0, 1], e.g. "
+                "relevance+drop0.2@1/3 (documents are dropped only under a budget)"
+            )
     if order not in ORDERS:
         raise SystemExit(f"unknown order {order!r}: use {', '.join(ORDERS)}")
-    return Condition(order, ratio)
+    return Condition(order, ratio, drop)
 
 
 def parse_conditions(orders: str, budgets: str, explicit: str | None = None) -> list[Condition]:
@@ -120,7 +137,9 @@ class LitmReader(Reader):
         return reader_messages(question, context)
 
 
-def contexts(opt: Any, ex: NQExample, n_docs: int, slot: int, conds: list[Condition]) -> dict[str, dict[str, Any]]:
+def contexts(
+    opt: Callable[[float | None], Any], ex: NQExample, n_docs: int, slot: int, conds: list[Condition]
+) -> dict[str, dict[str, Any]]:
     """Each condition's rendered context and its SHA-256, where the gold passage landed (0-based; None: dropped),
     how many documents were kept, the context's o200k tokens, and the profile that placed the documents (calibrated
     ordering)."""
@@ -128,7 +147,7 @@ def contexts(opt: Any, ex: NQExample, n_docs: int, slot: int, conds: list[Condit
     inputs = [{"id": str(i), "title": d["title"], "text": d["text"]} for i, d in enumerate(docs)]
     out = {}
     for c in conds:
-        result = opt.optimize(ex.question, inputs, ratio=1.0 if c.ratio is None else c.ratio, ordering=c.order)
+        result = opt(c.drop).optimize(ex.question, inputs, ratio=1.0 if c.ratio is None else c.ratio, ordering=c.order)
         kept = [(d.title or "", d.text) for d in result.documents]
         ids = [d.id for d in result.documents]
         context = render(kept)
@@ -187,6 +206,7 @@ def _read_new(path: Path, offset: int, cache: dict[str, dict[str, Any]]) -> int:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm import tqdm
 
+    from rag_opt.models.encoding_cache import EncodingCache
     from rag_opt.pipeline import ContextOptimizer
 
     questions, grid = _questions(args), _grid(args)
@@ -194,7 +214,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     device = args.device or default_device()
     reader = LitmReader(args.reader, device, args.dtype or default_dtype(device), args.max_new_tokens)
     # the reader is the target: calibrated ordering places by its profile when `rag-opt calibrate --reader` made one
-    opt = ContextOptimizer(threads=args.threads or "auto", reader=args.reader)
+    encodings = EncodingCache()  # one for every optimizer: each document is read once per question
+    optimizers: dict[float | None, ContextOptimizer] = {}
+
+    def opt(drop: float | None) -> ContextOptimizer:
+        if drop not in optimizers:
+            optimizers[drop] = ContextOptimizer(
+                threads=args.threads or "auto", reader=args.reader, cache=encodings, drop_below_best=drop
+            )
+        return optimizers[drop]
+
     cache_path = Path(args.cache) if args.cache else Path(args.out).with_suffix(".cache.jsonl")
     cache: dict[str, dict[str, Any]] = {}
     offset = _read_new(cache_path, 0, cache)

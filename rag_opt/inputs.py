@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from collections.abc import Sequence
 
 from rag_opt.errors import InvalidInputError, InvalidInputTypeError
 from rag_opt.types import TIERS, Budget, Document, DocumentLike, Tier, to_documents
 
-__all__ = ["check_budget", "check_documents", "check_query", "check_tier", "has_lone_surrogate"]
+__all__ = ["check_budget", "check_documents", "check_query", "check_share", "check_tier", "has_lone_surrogate"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -43,6 +45,18 @@ def check_budget(
             raise InvalidInputError("give the budget either as ratio/target_tokens/threshold or as budget=, not both")
         return budget
     return loose if loose.compresses else None
+
+
+def check_share(name: str, value: object) -> float | None:
+    """A share in (0, 1] (None passes through), or a clear error naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidInputTypeError(f"{name} must be a number in (0, 1], got {type(value).__name__}: {value!r}")
+    share = float(value)
+    if not math.isfinite(share) or not 0 < share <= 1:
+        raise InvalidInputError(f"{name} must be in (0, 1], got {value!r}")
+    return share
 
 
 def check_tier(tier: object) -> Tier:

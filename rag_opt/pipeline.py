@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from rag_opt.compressors.base import Scorer, Scores
 from rag_opt.compressors.selection import SelectionOptions, select
 from rag_opt.errors import ConfigurationError, InvalidInputError, InvalidInputTypeError
-from rag_opt.inputs import check_budget, check_documents, check_query, check_tier
+from rag_opt.inputs import check_budget, check_documents, check_query, check_share, check_tier
 from rag_opt.models.encoding_cache import EncodingCache, resolve_cache
 from rag_opt.models.prompt import DEFAULT_ENCODING, template_for
 from rag_opt.models.threads import ThreadPolicy
@@ -75,6 +75,9 @@ class ContextOptimizer:
         keep_first: always keep each document's first sentence (while the budget allows).
         keep_antecedents: keep an English sentence that opens with a back-reference (``It``, ``She``, ``These``,
             ...) only together with the sentence before it, so no kept sentence dangles (default on).
+        drop_below_best: with a budget, drop the documents whose relevance is below this share of the best
+            document's, in (0, 1] (their sentences do not compete for the budget; a ``required`` document stays;
+            ``result.warnings`` names them). Default None: every document competes sentence by sentence.
         device: where the proxy runs (default cuda when available).
         dtype: how the proxy runs (default bfloat16 on GPUs and on CPUs with native bf16 instructions, float32 on
             other CPUs; "int8" with torchao).
@@ -127,6 +130,7 @@ class ContextOptimizer:
         keep_best_per_doc: bool = False,
         keep_first: bool = False,
         keep_antecedents: bool = True,
+        drop_below_best: float | None = None,
         device: str | None = None,
         dtype: str | None = None,
         max_window_tokens: int = 8192,
@@ -153,7 +157,10 @@ class ContextOptimizer:
         self.target = target
         self.probe = probe
         self.selection_options = SelectionOptions(
-            keep_best_per_doc=keep_best_per_doc, keep_first=keep_first, keep_antecedents=keep_antecedents
+            keep_best_per_doc=keep_best_per_doc,
+            keep_first=keep_first,
+            keep_antecedents=keep_antecedents,
+            drop_below_best=check_share("drop_below_best", drop_below_best),
         )
         self.device = device
         self.dtype = dtype
@@ -334,7 +341,11 @@ class ContextOptimizer:
             check_units(job.units.n_units)  # limits and cancellation (rag_opt.work): before the expensive stages
             job.limit = budget.tokens(job.units.tokens_before)
             job.shrink = budget.compresses and (job.limit is None or job.limit < job.units.tokens_before)
-        self._score([job for job in jobs if job.shrink or orderer.reorders], documents=orderer.reorders)  # score
+        gate = self.selection_options.drop_below_best is not None  # needs document relevance to select
+        self._score(
+            [job for job in jobs if job.shrink or orderer.reorders],
+            documents=orderer.reorders or (gate and any(job.shrink for job in jobs)),
+        )  # score
         checkpoint()
         return [self._finish(job, budget, orderer, t0) for job in jobs]
 
@@ -367,6 +378,7 @@ class ContextOptimizer:
                 limit=job.limit if job.shrink else None,
                 threshold=budget.threshold if job.shrink else None,
                 options=self.selection_options,
+                doc_scores=scores.doc if scores is not None else None,
             )
         checkpoint()
         with _timed(job.timings, "order_ms"):

@@ -226,3 +226,38 @@ def test_keep_best_per_doc_outranks_the_antecedent_rule() -> None:
     assert not plain.keep[rows["It has six minarets."]]  # the rule: not without its antecedent, which does not fit
     every = select(units, scores, count, limit=limit, options=SelectionOptions(keep_best_per_doc=True))
     assert every.keep[rows["It has six minarets."]] and every.doc_kept.all()
+
+
+def test_drop_below_best_takes_far_weaker_documents_out_of_the_competition_and_names_them() -> None:
+    docs = to_documents(["A one. A two.", "B one. B two.", "C one. C two.", {"text": "D one.", "required": True}])
+    units = _table(docs)
+    # B's sentences outscore A's second one, but B as a document is far below A (0.05 < 0.2 x 0.9)
+    scores = np.array([0.9, 0.3, 0.8, 0.7, 0.2, 0.1, 0.05])
+    doc_scores = np.array([0.9, 0.05, 0.5, 0.01])
+    limit = int(units.tokens_before) - 1
+    plain = select(units, scores, COUNT, limit=limit, doc_scores=doc_scores)
+    assert plain.doc_kept[1] and not plain.warnings  # without the option, B competes sentence by sentence
+    gate = SelectionOptions(drop_below_best=0.2)
+    sel = select(units, scores, COUNT, limit=limit, options=gate, doc_scores=doc_scores)
+    # B is out; D is as weak but required: it stays; A and C are kept whole, since their text fits
+    assert sel.kept_docs == [0, 2, 3] and sel.keep[[0, 1, 4, 5, 6]].all()
+    assert sel.warnings == (
+        "1 of 4 documents dropped as far below the best (relevance under 0.2 x the best's: documents 1)",
+    )
+    # without a budget nothing is dropped; the gate never drops the best document
+    assert select(units, scores, COUNT, options=gate, doc_scores=doc_scores).keep.all()
+    one = select(
+        units, scores, COUNT, limit=limit, options=SelectionOptions(drop_below_best=1.0), doc_scores=doc_scores
+    )
+    assert 0 in one.kept_docs and 3 in one.kept_docs and not one.doc_kept[[1, 2]].any()
+
+
+def test_drop_below_best_refuses_missing_or_negative_document_scores() -> None:
+    units = _table(to_documents(["A one.", "B one."]))
+    gate = SelectionOptions(drop_below_best=0.5)
+    with pytest.raises(ValueError, match="needs document relevance"):
+        select(units, np.array([0.5, 0.4]), COUNT, limit=3, options=gate)
+    with pytest.raises(ValueError, match="non-negative"):
+        select(units, np.array([0.5, 0.4]), COUNT, limit=3, options=gate, doc_scores=np.array([1.0, -2.0]))
+    with pytest.raises(ValueError, match="2 finite numbers"):
+        select(units, np.array([0.5, 0.4]), COUNT, limit=3, options=gate, doc_scores=np.array([1.0]))

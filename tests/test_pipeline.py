@@ -66,6 +66,9 @@ def test_optimize_keeps_one_optimizer_per_set_of_options():
         ({"target_tokens": -1}, "target_tokens must be >= 0"),
         ({"threshold": 2.0}, "threshold must be a probability"),
         ({"ordering": "sideways"}, "unknown ordering"),
+        ({"drop_below_best": 0}, r"drop_below_best must be in \(0, 1\]"),
+        ({"drop_below_best": 1.5}, r"drop_below_best must be in \(0, 1\]"),
+        ({"drop_below_best": "half"}, "drop_below_best must be a number"),
     ],
 )
 def test_bad_settings(kwargs, message):
@@ -271,3 +274,29 @@ def test_tier_and_threads_are_validated():
     assert 1 <= ThreadPolicy("adaptive").choose() <= ThreadPolicy("auto").choose()
     with pytest.raises(ValueError, match="'adaptive'"):
         ThreadPolicy("fast")
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("tier", ["lexical", "model"])
+def test_drop_below_best_drops_exactly_the_documents_far_below_the_best(tier):
+    ex = hotpot_dev(5)[4]
+    docs = hotpot_docs(ex)
+    # ordering "input" needs no document relevance: the gate has it computed all the same
+    gated = rag_opt.ContextOptimizer(tier=tier, drop_below_best=0.5, ordering="input")
+    r = gated.optimize(ex["question"], docs, ratio=0.5)
+    every = r.documents + r.dropped
+    best = max(d.score for d in every)  # type: ignore[type-var]
+    far = {d.id for d in every if d.score < 0.5 * best}  # type: ignore[operator]
+    assert far and far <= {d.id for d in r.dropped} and not far & {d.id for d in r.documents}
+    assert [d.index for d in r.documents] == sorted(d.index for d in r.documents)  # input order kept
+    note = next(w for w in r.warnings if "far below the best" in w)
+    assert note.startswith(f"{len(far)} of {len(docs)} documents dropped")
+    # the budget the far documents would have taken goes to the others (up to their whole text); without a
+    # budget nothing is dropped
+    plain = rag_opt.ContextOptimizer(tier=tier, ordering="input").optimize(ex["question"], docs, ratio=0.5)
+    assert r.tokens_after <= r.token_budget  # type: ignore[operator]
+    near = [d.id for d in r.documents]
+    assert sum(d.tokens_after for d in plain.documents if d.id in near) <= r.tokens_after
+    filled = r.tokens_after >= 0.9 * r.token_budget  # type: ignore[operator]
+    assert filled or all(d.tokens_after == d.tokens_before for d in r.documents)
+    assert not gated.optimize(ex["question"], docs, ratio=1.0).dropped

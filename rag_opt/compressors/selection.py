@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from rag_opt.errors import InvalidInputError
 from rag_opt.text.units import UnitTable
 
 __all__ = ["Selection", "SelectionOptions", "select"]
@@ -45,6 +46,9 @@ class SelectionOptions:
     # dangles without its antecedent
     keep_antecedents: bool = True
     keep_first: bool = False  # first keep each document's first candidate unit
+    # with a budget: a document whose relevance is below this share of the best document's is not a candidate (a
+    # required one always is); None: every document competes sentence by sentence
+    drop_below_best: float | None = None
 
 
 @dataclass(frozen=True)
@@ -73,16 +77,22 @@ def select(
     limit: int | None = None,
     threshold: float | None = None,
     options: SelectionOptions = SelectionOptions(),  # noqa: B008 - frozen, shared safely
+    doc_scores: np.ndarray | None = None,
 ) -> Selection:
     """Keep units of ``units`` by ``scores`` (one per row) under ``limit`` target tokens and/or ``threshold``.
 
-    With neither (or no scores), everything is kept. ``count`` counts target-LLM tokens.
+    With neither (or no scores), everything is kept. ``count`` counts target-LLM tokens. ``doc_scores`` (one
+    relevance per document, higher is better) is needed by ``options.drop_below_best`` only.
     """
     if scores is None or (limit is None and threshold is None):
         everything = np.ones(units.n_units, dtype=bool)
         whole = [_render(units, d, everything, count, any_row=True) for d in range(units.n_docs)]
         has_text = np.bincount(units.doc[units.start >= 0], minlength=units.n_docs) > 0
         return Selection(everything, has_text, tuple(t for t, _ in whole), np.asarray([n for _, n in whole], np.int64))
+    notes: list[str] = []
+    if options.drop_below_best is not None:
+        units, note = _drop_far_below_best(units, doc_scores, options.drop_below_best)
+        notes += [note] if note else []
     header = ~units.candidate
     needs = _header_needs(units, antecedents=options.keep_antecedents)
     score = np.asarray(scores, dtype=np.float64)
@@ -126,7 +136,7 @@ def select(
             rendered[d] = ("", 0)
             doc_tokens[d] = 0
     over = max(0, int(doc_tokens.sum()) - limit) if limit is not None else 0
-    warnings: list[str] = []
+    warnings: list[str] = notes
     if over:
         why = "so that the context is not emptied" if floor else "so that a required document keeps some text"
         largest = max(int(units.tokens[r]) for r in forced)
@@ -143,6 +153,36 @@ def select(
 def _best(units: UnitTable, score: np.ndarray, rows: np.ndarray) -> int:
     """The best-scoring of ``rows`` (ties: the earliest)."""
     return int(min(rows.tolist(), key=lambda i: (-score[i], i)))
+
+
+def _drop_far_below_best(units: UnitTable, doc_scores: np.ndarray | None, share: float) -> tuple[UnitTable, str]:
+    """``units`` whose documents scoring below ``share`` × the best document's score are no longer candidates
+    (a required document stays), and a note naming them ("" when none is dropped). Scores are relevance
+    probabilities (non-negative); the gate is relative, so it adapts to how sure the scorer is of the best."""
+    if doc_scores is None:
+        raise InvalidInputError("drop_below_best needs document relevance scores")
+    doc = np.asarray(doc_scores, dtype=np.float64)
+    if doc.shape != (units.n_docs,) or not np.all(np.isfinite(doc)):
+        raise InvalidInputError(f"document scores must be {units.n_docs} finite numbers, got shape {doc.shape}")
+    if not units.n_docs:
+        return units, ""
+    if float(doc.min()) < 0:
+        raise InvalidInputError(
+            "drop_below_best needs non-negative document relevance (probabilities); this scorer gives negative ones"
+        )
+    required = np.asarray([d.required for d in units.documents], dtype=bool) if units.documents else None
+    below = doc < share * float(doc.max())
+    below[int(np.argmax(doc))] = False
+    if required is not None:
+        below &= ~required
+    if not below.any():
+        return units, ""
+    gated = replace(units, candidate=units.candidate & ~below[units.doc])
+    dropped = ", ".join(str(int(d)) for d in np.flatnonzero(below))
+    return gated, (
+        f"{int(below.sum())} of {units.n_docs} documents dropped as far below the best "
+        f"(relevance under {share:g} x the best's: documents {dropped})"
+    )
 
 
 def _required_best(units: UnitTable, score: np.ndarray) -> tuple[int, ...]:

@@ -1,0 +1,97 @@
+"""How far below the best may a document be before it is dropped? Choosing ``drop_below_best`` without the test set.
+
+    python benchmarks/ablations/doc_gate.py            # → results/doc_gate.json
+
+``ContextOptimizer(drop_below_best=X)`` drops, under a budget, the documents whose relevance is below X times the
+best document's, so their sentences do not take budget from the others (the issue's "dropping documents far below
+the best when a budget is set"). What it costs is the gold passage: a gate that drops it loses the answer whatever
+the reader. This picks X on the NQ multi-document **calibration** split (index % 10 == 0: neither the document
+probe's training data nor the test questions ``benchmarks/litm.py`` reads), 20 documents, the gold passage at a slot
+that cycles through 1..20, rag-opt at 1/3 of the o200k tokens with the library defaults otherwise.
+
+For each X of ``--shares`` it reports how often the gold passage keeps some text (against the same budget without
+the gate), how many documents are kept and the tokens they take. The share chosen is the largest whose gold-kept
+rate is within ``--tolerance`` (default 0.01) of the ungated one: the gate that removes most while keeping what
+matters. Whether the reader then answers better is ``litm.py``'s question (``relevance+dropX@1/3``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py and its siblings
+from common import data_dir  # noqa: E402
+
+from rag_opt.models.encoding_cache import EncodingCache  # noqa: E402
+from rag_opt.pipeline import ContextOptimizer  # noqa: E402
+from rag_opt.training.datasets import nq_split, read_nq_multidoc  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--questions", type=int, default=100, help="NQ calibration questions (in file order)")
+    ap.add_argument("--n-docs", type=int, default=20)
+    ap.add_argument("--ratio", type=float, default=1 / 3)
+    ap.add_argument("--shares", default="0.05,0.1,0.2,0.3,0.5", help="drop_below_best values to compare")
+    ap.add_argument("--tolerance", type=float, default=0.01, help="gold-kept rate the gate may lose")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=str(RESULTS / "doc_gate.json"))
+    args = ap.parse_args()
+    path = data_dir() / "nq_multidoc" / "public.jsonl.gz"
+    if not path.is_file():
+        raise SystemExit(f"NQ multi-document data not found at {path} (see ../shared/data/README.md)")
+    records = nq_split(read_nq_multidoc(path, min_distractors=args.n_docs - 1), "calibration")[: args.questions]
+    shares = [float(x) for x in args.shares.split(",")]
+    encodings = EncodingCache()  # every optimizer reads each document once
+    arms: dict[str, ContextOptimizer] = {"none": ContextOptimizer(threads=args.threads, cache=encodings)}
+    arms.update({f"{x:g}": ContextOptimizer(threads=args.threads, cache=encodings, drop_below_best=x) for x in shares})
+    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in arms}
+    for i, ex in enumerate(tqdm(records, desc="doc gate")):
+        gold = i % args.n_docs
+        docs = [{"id": str(j), **d} for j, d in enumerate(ex.documents(args.n_docs, gold))]
+        for key, opt in arms.items():
+            r = opt.optimize(ex.question, docs, ratio=args.ratio)
+            rows[key].append(
+                {
+                    "gold_kept": any(d.id == str(gold) for d in r.documents),
+                    "kept": len(r.documents),
+                    "tokens": r.tokens_after,
+                }
+            )
+    summary = {
+        key: {
+            "gold_kept": float(np.mean([r["gold_kept"] for r in got])),
+            "docs_kept": float(np.mean([r["kept"] for r in got])),
+            "tokens": float(np.mean([r["tokens"] for r in got])),
+        }
+        for key, got in rows.items()
+    }
+    floor = summary["none"]["gold_kept"] - args.tolerance
+    fit = [x for x in shares if summary[f"{x:g}"]["gold_kept"] >= floor]
+    chosen = max(fit) if fit else None
+    res = {
+        "data": f"nq_multidoc calibration split, first {len(records)} questions, {args.n_docs} documents",
+        "ratio": args.ratio,
+        "tolerance": args.tolerance,
+        "arms": summary,
+        "chosen": chosen,
+    }
+    Path(args.out).write_text(json.dumps(res, indent=1))
+    print(f"{'drop_below_best':>16s} {'gold kept':>10s} {'docs kept':>10s} {'tokens':>8s}")
+    for key, s in summary.items():
+        print(f"{key:>16s} {s['gold_kept']:10.3f} {s['docs_kept']:10.1f} {s['tokens']:8.0f}")
+    print(f"chosen: {chosen} (the largest share keeping the gold passage within {args.tolerance} of no gate)")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
