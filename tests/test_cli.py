@@ -92,3 +92,18 @@ def test_optimize_prints_context_and_savings(capsys):
     )
     data = json.loads(out)
     assert data["tokens_after"] <= data["token_budget"] < data["tokens_before"]
+
+
+@pytest.mark.model
+def test_drop_below_best_from_the_command_line(capsys):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "examples"
+    question = (root / "hotpotqa_question.txt").read_text().strip()
+    args = ["optimize", "-q", question, "-i", str(root / "hotpotqa_docs.jsonl"), "--ratio", "0.5"]
+    code, _, err = run(capsys, *args, "--drop-below-best", "0")
+    assert code == 2 and "drop_below_best must be in (0, 1]" in err
+    code, out, _ = run(capsys, *args, "--drop-below-best", "0.5", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["dropped"]
+    assert any("far below the best" in w for w in data["warnings"])

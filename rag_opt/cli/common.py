@@ -182,6 +182,7 @@ def optimizer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "probe": None if args.probe == "none" else args.probe,
         "keep_best_per_doc": getattr(args, "keep_best_per_doc", False),
         "keep_first": getattr(args, "keep_first", False),
+        "drop_below_best": getattr(args, "drop_below_best", None),
         "keep_antecedents": getattr(args, "keep_antecedents", True),
         "calibrate": getattr(args, "calibrate", True),
         "language": args.language,

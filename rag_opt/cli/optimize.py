@@ -26,6 +26,13 @@ def register(sub: Any) -> None:
     p.add_argument("--keep-best-per-doc", action="store_true", help="keep at least the best sentence of each document")
     p.add_argument("--keep-first", action="store_true", help="always keep each document's first sentence")
     p.add_argument(
+        "--drop-below-best",
+        type=float,
+        default=None,
+        metavar="SHARE",
+        help="under a budget, drop the documents whose relevance is below SHARE (0-1] of the best one's",
+    )
+    p.add_argument(
         "--no-antecedents",
         dest="keep_antecedents",
         action="store_false",
