@@ -107,3 +107,16 @@ def test_drop_below_best_from_the_command_line(capsys):
     data = json.loads(out)
     assert code == 0 and data["dropped"]
     assert any("far below the best" in w for w in data["warnings"])
+
+
+def test_optimize_on_the_lexical_tier_loads_no_model(capsys):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "examples"
+    question = (root / "hotpotqa_question.txt").read_text().strip()
+    args = ["optimize", "-q", question, "-i", str(root / "hotpotqa_docs.jsonl"), "--ratio", "0.5", "--json"]
+    code, out, _ = run(capsys, *args, "--tier", "lexical", "--drop-below-best", "0.5")
+    data = json.loads(out)
+    assert code == 0 and data["tier"] == "lexical" and data["proxy_model"] is None
+    assert data["tokens_after"] <= data["token_budget"] and data["dropped"]
+    assert any("far below the best" in w for w in data["warnings"])

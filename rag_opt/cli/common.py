@@ -11,7 +11,7 @@ from typing import Any
 
 from rag_opt.errors import RagOptError
 from rag_opt.models.prompt import DEFAULT_ENCODING, ENCODINGS
-from rag_opt.types import DEFAULT_RATIO, ORDERING_NAMES, Budget
+from rag_opt.types import DEFAULT_RATIO, ORDERING_NAMES, TIERS, Budget
 
 __all__ = [
     "UserError",
@@ -126,6 +126,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
     p.add_argument(
+        "--tier",
+        choices=TIERS,
+        default="model",
+        help="model: the proxy's attention through the probe; lexical: BM25 and lexical features, no model, "
+        "milliseconds (default: model)",
+    )
+    p.add_argument(
         "--encoding",
         choices=ENCODINGS,
         default=DEFAULT_ENCODING,
@@ -179,6 +186,7 @@ def optimizer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "dtype": args.dtype,
         "target": args.target,
         "ordering": args.ordering,
+        "tier": getattr(args, "tier", "model"),
         "probe": None if args.probe == "none" else args.probe,
         "keep_best_per_doc": getattr(args, "keep_best_per_doc", False),
         "keep_first": getattr(args, "keep_first", False),
