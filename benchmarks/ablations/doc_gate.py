@@ -13,6 +13,13 @@ For each X of ``--shares`` it reports how often the gold passage keeps some text
 the gate), how many documents are kept and the tokens they take. The share chosen is the largest whose gold-kept
 rate is within ``--tolerance`` (default 0.01) of the ungated one: the gate that removes most while keeping what
 matters. Whether the reader then answers better is ``litm.py``'s question (``relevance+dropX@1/3``).
+
+NQ has one gold passage; multi-hop questions need two, and the second (the bridge) can score far below the first.
+``--hotpot N`` measures what the gate costs there: supporting-fact recall and answer kept (the compression
+benchmark's metrics) on HotpotQA dev questions ``--hotpot-select`` (default 400:, past the README's 200 and the
+title ablation's 200:400), at 1/3 and 1/5, without the gate and with each share (→ ``results/doc_gate_hotpot.json``).
+
+    python benchmarks/ablations/doc_gate.py --hotpot 100 --shares 0.01,0.05
 """
 
 from __future__ import annotations
@@ -45,7 +52,11 @@ def main() -> None:
     ap.add_argument("--tolerance", type=float, default=0.01, help="gold-kept rate the gate may lose")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(RESULTS / "doc_gate.json"))
+    ap.add_argument("--hotpot", type=int, default=0, help="measure the shares on N HotpotQA dev questions instead")
+    ap.add_argument("--hotpot-select", type=int, default=400, help="first HotpotQA dev question (seeded shuffle)")
     args = ap.parse_args()
+    if args.hotpot:
+        return hotpot(args)
     path = data_dir() / "nq_multidoc" / "public.jsonl.gz"
     if not path.is_file():
         raise SystemExit(f"NQ multi-document data not found at {path} (see ../shared/data/README.md)")
@@ -91,6 +102,54 @@ def main() -> None:
         print(f"{key:>16s} {s['gold_kept']:10.3f} {s['docs_kept']:10.1f} {s['tokens']:8.0f}")
     print(f"chosen: {chosen} (the largest share keeping the gold passage within {args.tolerance} of no gate)")
     print(f"wrote {args.out}")
+
+
+def hotpot(args: argparse.Namespace) -> None:
+    from compression import hotpot_documents, hotpot_metrics
+
+    from rag_opt.training.datasets import read_hotpotqa
+
+    path = data_dir() / "hotpotqa" / "dev.jsonl.gz"
+    if not path.is_file():
+        raise SystemExit(f"HotpotQA data not found at {path} (see ../shared/data/README.md)")
+    a = args.hotpot_select
+    dev = read_hotpotqa(path, seed=0, limit=a + args.hotpot)[a:]
+    shares = [float(x) for x in args.shares.split(",")]
+    encodings = EncodingCache()
+    arms: dict[str, ContextOptimizer] = {"none": ContextOptimizer(threads=args.threads, cache=encodings)}
+    arms.update({f"{x:g}": ContextOptimizer(threads=args.threads, cache=encodings, drop_below_best=x) for x in shares})
+    ratios = {"1/3": 1 / 3, "1/5": 1 / 5}
+    rows: dict[str, dict[str, list[dict[str, Any]]]] = {k: {r: [] for r in ratios} for k in arms}
+    for ex in tqdm(dev, desc="doc gate, HotpotQA"):
+        docs, shifts = hotpot_documents(ex, "field")
+        for key, opt in arms.items():
+            for r, ratio in ratios.items():
+                result = opt.optimize(ex.question, docs, ratio=ratio)
+                rows[key][r].append({**hotpot_metrics(ex, result, shifts), "docs_kept": len(result.documents)})
+
+    def mean(got: list[dict[str, Any]], field: str) -> float:
+        return float(np.mean([x[field] for x in got if x[field] is not None]))
+
+    summary = {
+        key: {
+            r: {f: mean(got, f) for f in ("sf_recall", "answer_retention", "docs_kept", "ratio")}
+            for r, got in per.items()
+        }
+        for key, per in rows.items()
+    }
+    out = Path(args.out).with_name("doc_gate_hotpot.json")
+    res = {"data": f"HotpotQA dev {a}:{a + len(dev)} (seeded shuffle), title field", "arms": summary}
+    out.write_text(json.dumps(res, indent=1))
+    print(f"{'drop_below_best':>16s}" + "".join(f"  {r}: recall / answer / docs / ratio" for r in ratios))
+    for key, per in summary.items():
+        print(
+            f"{key:>16s}"
+            + "".join(
+                f"  {m['sf_recall']:.3f} / {m['answer_retention']:.3f} / {m['docs_kept']:.1f} / {m['ratio']:.3f}     "
+                for m in per.values()
+            )
+        )
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":
