@@ -352,3 +352,25 @@ def test_the_server_reads_titles_where_its_settings_say() -> None:
         assert answer.status_code == 200, answer.text
         got = {d["id"]: (d.get("title"), d.get("title_source")) for d in answer.json()["documents"]}
         assert got == expected
+
+
+def test_the_server_drops_documents_far_below_the_best_when_its_settings_say() -> None:
+    """--drop-below-best reaches the optimizer: under a budget the far weaker documents are dropped, and said."""
+    from starlette.testclient import TestClient
+
+    from rag_opt.server.app import create_app
+    from rag_opt.server.settings import ProxySettings
+
+    body = {"question": EXAMPLE_QUESTION, "documents": EXAMPLE_DOCS, "ratio": 0.5, "tier": "lexical"}
+    kept = {}
+    for share in (None, 0.5):
+        settings = ProxySettings(upstream="http://127.0.0.1:9/v1", warmup=False, drop_below_best=share)
+        with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+            answer = client.post("/v1/compress", json=body)
+        assert answer.status_code == 200, answer.text
+        data = answer.json()
+        kept[share] = {d["id"] for d in data["documents"]}
+        assert any("far below the best" in w for w in data["warnings"]) == (share is not None)
+    assert kept[0.5] < kept[None]
+    with pytest.raises(ValueError, match="drop_below_best"):
+        ProxySettings(upstream="http://127.0.0.1:9/v1", drop_below_best=0)

@@ -112,6 +112,14 @@ class ProxySettings(BaseModel):
         default=None, ge=0, le=1, description="keep sentences whose relevance probability is >= this"
     )
     ordering: str = Field(default="relevance", description=f"document ordering: {', '.join(ORDERING_NAMES)}")
+    drop_below_best: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="under a budget, drop the documents whose relevance is below this share of the best one's "
+        "(0.05 suits single-answer questions; off by default: it drops the bridge documents of multi-hop ones)",
+        json_schema_extra={"metavar": "SHARE"},
+    )
     target: str | None = Field(
         default=None,
         description="tokenizer of the upstream LLM, budgets are in its tokens: OpenAI model or tiktoken encoding "

@@ -81,6 +81,7 @@ class ProxyState:
                 dtype=settings.dtype,
                 probe=None if settings.probe == "none" else settings.probe,
                 ordering=settings.ordering,
+                drop_below_best=settings.drop_below_best,
                 language=settings.language,
                 title_keys=settings.title_key_list,
                 title_from_text=settings.title_from_text,
