@@ -375,6 +375,8 @@ def plot(res: dict[str, Any], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     budgets = sorted({k.split("@")[1] for k in res["conditions"]}, key=lambda b: (b != "full", b))
+    orders = list(dict.fromkeys(k.split("@")[0] for k in res["conditions"]))
+    colour = {o: f"C{i}" for i, o in enumerate(orders)}  # one colour per order in every panel
     fig, axes = plt.subplots(1, len(budgets), figsize=(5.5 * len(budgets), 4), sharey=True, squeeze=False)
     for ax, budget in zip(axes[0], budgets, strict=True):
         for key, c in res["conditions"].items():
@@ -382,7 +384,7 @@ def plot(res: dict[str, Any], out: Path) -> None:
             if b != budget:
                 continue
             style = "-" if order != "input" else "--"
-            ax.plot(res["slots"], c["accuracy_per_slot"], style, marker="o", label=order)
+            ax.plot(res["slots"], c["accuracy_per_slot"], style, marker="o", label=order, color=colour[order])
         base = res["conditions"][res["baseline"]]["accuracy_per_slot"]
         if budget != "full":
             ax.plot(res["slots"], base, ":", color="grey", label="input, full context")
