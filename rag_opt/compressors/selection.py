@@ -16,6 +16,9 @@ documents usually end a little under the budget: a last *fill* pass tries the re
 counted cost fits the slack (a one-token allowance per unit), and keeps each one whose document, rendered again,
 still fits — the budget is then used as fully as the counts themselves allow.
 
+With ``drop_below_best`` (:class:`SelectionOptions`), documents whose relevance is below that share of the best
+document's are not candidates at all, so their budget goes to the others; the selection's warnings name them.
+
 Nothing that had content is emptied: a document marked ``required`` (a whole tool result, say) keeps at least its
 best unit, taken first, and a context where nothing else would be kept keeps its best unit. When such a unit does
 not fit the budget it is kept whole anyway, over the budget, and :attr:`Selection.over_budget` says by how much.
