@@ -261,3 +261,23 @@ def test_drop_below_best_refuses_missing_or_negative_document_scores() -> None:
         select(units, np.array([0.5, 0.4]), COUNT, limit=3, options=gate, doc_scores=np.array([1.0, -2.0]))
     with pytest.raises(ValueError, match="2 finite numbers"):
         select(units, np.array([0.5, 0.4]), COUNT, limit=3, options=gate, doc_scores=np.array([1.0]))
+
+
+def test_drop_below_best_keeps_a_document_that_a_kept_one_names_as_a_possible_second_hop() -> None:
+    docs = to_documents(
+        [
+            {"title": "Ada Park", "text": "Ada Park plays for Riverton United. She joined in 2019."},
+            {"title": "Riverton United", "text": "Riverton United is a club in Leeds. It was founded in 1901."},
+            {"title": "Pasta", "text": "Pasta is boiled in salted water. It is served hot."},
+        ]
+    )
+    units = _table(docs)
+    scores = np.where(units.candidate, 0.1, 0.0)
+    scores[units.doc == 0] = 0.9
+    doc_scores = np.array([0.9, 0.01, 0.01])  # the club scores as low as the pasta: only the link tells them apart
+    limit = int(units.tokens_before) - 1
+    gate = SelectionOptions(drop_below_best=0.05)
+    sel = select(units, scores, COUNT, limit=limit, options=gate, doc_scores=doc_scores)
+    assert sel.kept_docs == [0, 1] and "documents 2)" in sel.warnings[0]
+    bare = SelectionOptions(drop_below_best=0.05, drop_keeps_bridges=False)
+    assert select(units, scores, COUNT, limit=limit, options=bare, doc_scores=doc_scores).kept_docs == [0]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,19 @@ from rag_opt.training.datasets import nq_split, read_nq_multidoc  # noqa: E402
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
+def _arms(args: argparse.Namespace, shares: list[float], encodings: EncodingCache) -> dict[str, ContextOptimizer]:
+    """No gate, and each share with the bridge rule (the library's gate) and, with ``--no-bridges-too``, without it:
+    ``0.05-nobridge`` drops a far document even when a kept one names it."""
+    arms = {"none": ContextOptimizer(threads=args.threads, cache=encodings)}
+    for x in shares:
+        arms[f"{x:g}"] = ContextOptimizer(threads=args.threads, cache=encodings, drop_below_best=x)
+        if args.no_bridges_too:
+            bare = ContextOptimizer(threads=args.threads, cache=encodings, drop_below_best=x)
+            bare.selection_options = replace(bare.selection_options, drop_keeps_bridges=False)
+            arms[f"{x:g}-nobridge"] = bare
+    return arms
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--questions", type=int, default=100, help="NQ calibration questions (in file order)")
@@ -52,6 +66,7 @@ def main() -> None:
     ap.add_argument("--tolerance", type=float, default=0.01, help="gold-kept rate the gate may lose")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(RESULTS / "doc_gate.json"))
+    ap.add_argument("--no-bridges-too", action="store_true", help="also each share without the bridge rule")
     ap.add_argument("--hotpot", type=int, default=0, help="measure the shares on N HotpotQA dev questions instead")
     ap.add_argument("--hotpot-select", type=int, default=400, help="first HotpotQA dev question (seeded shuffle)")
     args = ap.parse_args()
@@ -63,8 +78,7 @@ def main() -> None:
     records = nq_split(read_nq_multidoc(path, min_distractors=args.n_docs - 1), "calibration")[: args.questions]
     shares = [float(x) for x in args.shares.split(",")]
     encodings = EncodingCache()  # every optimizer reads each document once
-    arms: dict[str, ContextOptimizer] = {"none": ContextOptimizer(threads=args.threads, cache=encodings)}
-    arms.update({f"{x:g}": ContextOptimizer(threads=args.threads, cache=encodings, drop_below_best=x) for x in shares})
+    arms = _arms(args, shares, encodings)
     rows: dict[str, list[dict[str, Any]]] = {k: [] for k in arms}
     for i, ex in enumerate(tqdm(records, desc="doc gate")):
         gold = i % args.n_docs
@@ -116,8 +130,7 @@ def hotpot(args: argparse.Namespace) -> None:
     dev = read_hotpotqa(path, seed=0, limit=a + args.hotpot)[a:]
     shares = [float(x) for x in args.shares.split(",")]
     encodings = EncodingCache()
-    arms: dict[str, ContextOptimizer] = {"none": ContextOptimizer(threads=args.threads, cache=encodings)}
-    arms.update({f"{x:g}": ContextOptimizer(threads=args.threads, cache=encodings, drop_below_best=x) for x in shares})
+    arms = _arms(args, shares, encodings)
     ratios = {"1/3": 1 / 3, "1/5": 1 / 5}
     rows: dict[str, dict[str, list[dict[str, Any]]]] = {k: {r: [] for r in ratios} for k in arms}
     for ex in tqdm(dev, desc="doc gate, HotpotQA"):

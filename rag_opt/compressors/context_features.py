@@ -32,7 +32,7 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.text.units import UnitTable
 
-__all__ = ["CONTEXT_FEATURES", "DEFAULT_CONTEXT", "context_features"]
+__all__ = ["CONTEXT_FEATURES", "DEFAULT_CONTEXT", "context_features", "document_links"]
 
 CONTEXT_FEATURES = (
     "own",
@@ -88,6 +88,16 @@ def _titles(units: UnitTable) -> list[str | None]:
         if kind == "title" and out[int(units.doc[r])] is None:
             out[int(units.doc[r])] = units.texts[r].strip() or None
     return out
+
+
+def document_links(units: UnitTable) -> set[tuple[int, int]]:
+    """``(d, e)`` for each document ``d`` whose name (title, else leading subject) a candidate unit of another
+    document ``e`` names: the links ``named_by_other`` reads, per document pair."""
+    rows_c = np.flatnonzero(units.candidate)
+    mentions = _mentions(
+        tuple(t or "" for t in _titles(units)), tuple((int(units.doc[r]), units.texts[r]) for r in rows_c)
+    )
+    return {(d, int(units.doc[int(rows_c[i])])) for d, i in mentions}
 
 
 def context_features(logits: np.ndarray, units: UnitTable, names: Sequence[str] = CONTEXT_FEATURES) -> np.ndarray:

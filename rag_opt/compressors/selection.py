@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from rag_opt.compressors.context_features import document_links
 from rag_opt.errors import InvalidInputError
 from rag_opt.text.units import UnitTable
 
@@ -52,6 +53,7 @@ class SelectionOptions:
     # with a budget: a document whose relevance is below this share of the best document's is not a candidate (a
     # required one always is); None: every document competes sentence by sentence
     drop_below_best: float | None = None
+    drop_keeps_bridges: bool = True  # the gate keeps a document that a document above the bar names (a second hop)
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ def select(
         return Selection(everything, has_text, tuple(t for t, _ in whole), np.asarray([n for _, n in whole], np.int64))
     notes: list[str] = []
     if options.drop_below_best is not None:
-        units, note = _drop_far_below_best(units, doc_scores, options.drop_below_best)
+        units, note = _drop_far_below_best(units, doc_scores, options.drop_below_best, options.drop_keeps_bridges)
         notes += [note] if note else []
     header = ~units.candidate
     needs = _header_needs(units, antecedents=options.keep_antecedents)
@@ -158,10 +160,13 @@ def _best(units: UnitTable, score: np.ndarray, rows: np.ndarray) -> int:
     return int(min(rows.tolist(), key=lambda i: (-score[i], i)))
 
 
-def _drop_far_below_best(units: UnitTable, doc_scores: np.ndarray | None, share: float) -> tuple[UnitTable, str]:
+def _drop_far_below_best(
+    units: UnitTable, doc_scores: np.ndarray | None, share: float, bridges: bool = True
+) -> tuple[UnitTable, str]:
     """``units`` whose documents scoring below ``share`` × the best document's score are no longer candidates
-    (a required document stays), and a note naming them ("" when none is dropped). Scores are relevance
-    probabilities (non-negative); the gate is relative, so it adapts to how sure the scorer is of the best."""
+    (a required document stays, and with ``bridges`` one that a document above the bar names), and a note naming
+    them ("" when none is dropped). Scores are relevance probabilities (non-negative); the gate is relative, so it
+    adapts to how sure the scorer is of the best."""
     if doc_scores is None:
         raise InvalidInputError("drop_below_best needs document relevance scores")
     doc = np.asarray(doc_scores, dtype=np.float64)
@@ -178,6 +183,11 @@ def _drop_far_below_best(units: UnitTable, doc_scores: np.ndarray | None, share:
     below[int(np.argmax(doc))] = False
     if required is not None:
         below &= ~required
+    if below.any() and bridges:
+        # a document that a kept one names (by title or leading subject) may be the second hop: it stays
+        for d, e in document_links(units):
+            if below[d] and not below[e]:
+                below[d] = False
     if not below.any():
         return units, ""
     gated = replace(units, candidate=units.candidate & ~below[units.doc])
