@@ -76,8 +76,11 @@ class ContextOptimizer:
         keep_antecedents: keep an English sentence that opens with a back-reference (``It``, ``She``, ``These``,
             ...) only together with the sentence before it, so no kept sentence dangles (default on).
         drop_below_best: with a budget, drop the documents whose relevance is below this share of the best
-            document's, in (0, 1] (their sentences do not compete for the budget; a ``required`` document stays;
-            ``result.warnings`` names them). Default None: every document competes sentence by sentence.
+            document's, in (0, 1] (their sentences do not compete for the budget; a ``required`` document stays,
+            and so does one that a document above the bar names by title or leading subject: a possible second
+            hop; ``result.warnings`` names what was dropped). 0.05 suits single-answer questions; default None
+            (every document competes sentence by sentence): the gate costs multi-hop questions facts
+            (docs/reordering.md).
         device: where the proxy runs (default cuda when available).
         dtype: how the proxy runs (default bfloat16 on GPUs and on CPUs with native bf16 instructions, float32 on
             other CPUs; "int8" with torchao).
