@@ -25,6 +25,7 @@ from rag_opt.orderers.base import Orderer, OrdererResources, make_orderer
 from rag_opt.orderers.reader_profiles import ReaderProfileStore, reader_key
 from rag_opt.orderers.stage import order_stage
 from rag_opt.render import render_result
+from rag_opt.result_notes import score_warnings, uncompressed_note
 from rag_opt.text.language import check_language
 from rag_opt.text.titles import DEFAULT_TITLE_KEYS, check_title_keys
 from rag_opt.text.tokens import TokenCounter, get_token_counter, target_key
@@ -76,11 +77,9 @@ class ContextOptimizer:
         keep_antecedents: keep an English sentence that opens with a back-reference (``It``, ``She``, ``These``,
             ...) only together with the sentence before it, so no kept sentence dangles (default on).
         drop_below_best: with a budget, drop the documents whose relevance is below this share of the best
-            document's, in (0, 1] (their sentences do not compete for the budget; a ``required`` document stays,
-            and so does one that a document above the bar names by title or leading subject: a possible second
-            hop; ``result.warnings`` names what was dropped). 0.05 suits single-answer questions; default None
-            (every document competes sentence by sentence): the gate costs multi-hop questions facts
-            (docs/reordering.md).
+            document's, in (0, 1] (a ``required`` one stays, and one a document above the bar names: a possible
+            second hop; ``result.warnings`` names them). 0.05 suits single-answer questions; default None: it costs
+            multi-hop questions facts (docs/reordering.md).
         device: where the proxy runs (default cuda when available).
         dtype: how the proxy runs (default bfloat16 on GPUs and on CPUs with native bf16 instructions, float32 on
             other CPUs; "int8" with torchao).
@@ -344,11 +343,9 @@ class ContextOptimizer:
             check_units(job.units.n_units)  # limits and cancellation (rag_opt.work): before the expensive stages
             job.limit = budget.tokens(job.units.tokens_before)
             job.shrink = budget.compresses and (job.limit is None or job.limit < job.units.tokens_before)
-        gate = self.selection_options.drop_below_best is not None  # needs document relevance to select
-        self._score(
-            [job for job in jobs if job.shrink or orderer.reorders],
-            documents=orderer.reorders or (gate and any(job.shrink for job in jobs)),
-        )  # score
+        # the score stage: document relevance is needed by a reordering, and by the gate when a job compresses
+        gate = self.selection_options.drop_below_best is not None and any(job.shrink for job in jobs)
+        self._score([job for job in jobs if job.shrink or orderer.reorders], documents=orderer.reorders or gate)
         checkpoint()
         return [self._finish(job, budget, orderer, t0) for job in jobs]
 
@@ -387,9 +384,9 @@ class ContextOptimizer:
         with _timed(job.timings, "order_ms"):
             ordering = order_stage(job.query, orderer, units, scores, selection)
         job.timings.total_ms = (time.perf_counter() - t0) * 1e3
-        warnings = (_score_warnings(scores, orderer) if scores is not None else []) + ordering.warnings
+        warnings = (score_warnings(scores, orderer) if scores is not None else []) + ordering.warnings
         if not job.shrink:
-            warnings.append(_uncompressed_note(budget, job.limit, units.tokens_before))
+            warnings.append(uncompressed_note(budget, job.limit, units.tokens_before))
         return render_result(
             job.query,
             units,
@@ -419,30 +416,6 @@ class _Job:
     limit: int | None = None
     shrink: bool = False
     scores: Scores | None = None
-
-
-def _uncompressed_note(budget: Budget, limit: int | None, tokens_before: int) -> str:
-    """Why nothing was compressed (never a silent no-op)."""
-    if not budget.compresses:
-        return "nothing compressed: no budget was set"
-    given = (
-        f"ratio {budget.ratio:g}"
-        if budget.ratio is not None
-        else f"target_tokens {budget.target_tokens}"
-        if budget.target_tokens is not None
-        else "the budget"
-    )
-    return (
-        f"nothing compressed: the budget ({given}: {limit} tokens) holds the whole context ({tokens_before} target "
-        "tokens)"
-    )
-
-
-def _score_warnings(scores: Scores, orderer: Orderer) -> list[str]:
-    out = [scores.calibration_note] if scores.calibration_note and orderer.reorders else []
-    if scores.method == "raw-attention":
-        out.append(f"no probe for proxy model {scores.model}: sentences were scored by raw attention (weaker)")
-    return out
 
 
 @contextmanager

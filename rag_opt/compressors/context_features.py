@@ -90,13 +90,17 @@ def _titles(units: UnitTable) -> list[str | None]:
     return out
 
 
+def _unit_mentions(units: UnitTable) -> tuple[np.ndarray, tuple[tuple[int, int], ...]]:
+    """The candidate rows, and ``(d, i)`` for each candidate row ``rows[i]`` that names document ``d`` (another)."""
+    rows_c = np.flatnonzero(units.candidate)
+    texts = tuple((int(units.doc[r]), units.texts[r]) for r in rows_c)
+    return rows_c, _mentions(tuple(t or "" for t in _titles(units)), texts)
+
+
 def document_links(units: UnitTable) -> set[tuple[int, int]]:
     """``(d, e)`` for each document ``d`` whose name (title, else leading subject) a candidate unit of another
     document ``e`` names: the links ``named_by_other`` reads, per document pair."""
-    rows_c = np.flatnonzero(units.candidate)
-    mentions = _mentions(
-        tuple(t or "" for t in _titles(units)), tuple((int(units.doc[r]), units.texts[r]) for r in rows_c)
-    )
+    rows_c, mentions = _unit_mentions(units)
     return {(d, int(units.doc[int(rows_c[i])])) for d, i in mentions}
 
 
@@ -127,10 +131,7 @@ def context_features(logits: np.ndarray, units: UnitTable, names: Sequence[str] 
     # candidate unit r (of another document) names document d's title
     named_by = np.full(units.n_docs, floor)
     names_other = np.full(n, floor)
-    rows_c = np.flatnonzero(cand)
-    mentions = _mentions(
-        tuple(t or "" for t in _titles(units)), tuple((int(units.doc[r]), units.texts[r]) for r in rows_c)
-    )
+    rows_c, mentions = _unit_mentions(units)
     for d, i in mentions:
         r = int(rows_c[i])
         named_by[d] = max(named_by[d], z[r])
