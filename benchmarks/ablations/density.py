@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def show(res: dict[str, Any]) -> None:
     print(
-        f"{res['tier']} tier, HotpotQA dev {res['select']} ({res['questions']} questions): recall / all kept / answer kept"
+        f"{res['tier']} tier, HotpotQA dev {res['select']} ({res['questions']} questions): "
+        "recall / all kept / answer kept"
     )
     for key, cell in res["results"].items():
         for al, by_metric in cell.items():
