@@ -352,3 +352,44 @@ def test_a_question_pass_over_the_same_documents_reuses_their_assembled_states(p
     extract(proxy, docs, "why " * (parallel.QUESTION_ROOM + 8), layers=4, encoding="parallel", cache=cache)
     extract(proxy, _docs(c, 2), c["question"], layers=4, encoding="parallel", cache=cache)
     assert len(proxy.question_buffers) == parallel.ASSEMBLED_KEEP
+
+
+def test_a_one_row_question_pass_reads_its_states_in_float32_exactly_as_converted_per_layer(monkeypatch):
+    """In bfloat16 a one-row pass assembles its cached states in float32 (converted once while copied, not per
+    layer and question); what it reads is exactly what the per-layer conversion gave. A batch of rows keeps the
+    model's dtype."""
+    import torch
+
+    from rag_opt.models import parallel
+    from rag_opt.models.encoding_cache import EncodingCache
+    from rag_opt.models.extract import extract, extract_batch
+    from rag_opt.models.loader import load_proxy_model
+
+    bf16 = load_proxy_model(dtype="bfloat16")
+    a, b = hotpot_dev(2)
+    docs = _docs(a, 3)
+    cache = EncodingCache()
+    bf16.question_buffers.clear()
+    got = extract(bf16, docs, a["question"], layers=4, encoding="parallel", cache=cache)
+    (entry,) = bf16.question_buffers.values()
+    assert entry.buf.dtype == torch.float32
+    monkeypatch.setattr(parallel, "ASSEMBLE_ONE_ROW_IN_FLOAT32", False)
+    bf16.question_buffers.clear()
+    want = extract(bf16, docs, a["question"], layers=4, encoding="parallel", cache=cache)
+    (entry,) = bf16.question_buffers.values()
+    assert entry.buf.dtype == torch.bfloat16
+    np.testing.assert_array_equal(got.unit, want.unit)
+    np.testing.assert_array_equal(got.doc_mass, want.doc_mass)
+    monkeypatch.setattr(parallel, "ASSEMBLE_ONE_ROW_IN_FLOAT32", True)
+    seen: list[torch.dtype] = []
+    original = parallel._assembled
+
+    def spy(*args):
+        buf = original(*args)
+        seen.append(buf.dtype)
+        return buf
+
+    monkeypatch.setattr(parallel, "_assembled", spy)
+    contexts = [(docs, a["question"]), (_docs(b, 3), b["question"])]
+    extract_batch(bf16, contexts, layers=4, encoding="parallel", cache=cache)
+    assert seen == [torch.bfloat16]  # one pass, two batch rows

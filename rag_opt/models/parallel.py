@@ -353,8 +353,9 @@ def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: 
 
 
 ASSEMBLED_KEEP = 1  # question-pass buffers kept per proxy model (each 2 x layers x KVH x tokens x d floats)
-ASSEMBLED_MAX_BYTES = 128 << 20  # a larger one is not kept (10 HotpotQA paragraphs at 16 layers: ~32 MiB in fp32)
+ASSEMBLED_MAX_BYTES = 128 << 20  # a larger one is not kept (10 HotpotQA paragraphs at 16 layers: ~38 MiB in fp32)
 QUESTION_ROOM = 128  # room a kept buffer has for a question pass's own tokens (more: a new buffer)
+ASSEMBLE_ONE_ROW_IN_FLOAT32 = True  # a one-row pass's buffer in float32 (False: the model's dtype; benchmarks)
 
 
 @dataclass
@@ -370,23 +371,34 @@ def _assembled(
     """The buffer ``(2, layers, B, KVH, c_max + room, d)`` of a question pass: each batch row's cached parts copied
     once into place, with room after them for the pass's own keys and values (written there layer by layer:
     :attr:`Capture.room_at`), so every layer's keys and values are contiguous views and nothing is copied again
-    (padding is zeroed and masked).
+    (padding is zeroed and masked). A one-row buffer of at most :data:`ASSEMBLED_MAX_BYTES` in float32 is float32,
+    the precision the question attention reads keys and values in (converted once here, not per layer); any other
+    keeps the model's dtype.
 
     A pass of one batch row over the same parts as a recent one (another question over the same documents) reuses
     that pass's buffer: the parts are copied once, not per question. The last :data:`ASSEMBLED_KEEP` buffers of at
     most :data:`ASSEMBLED_MAX_BYTES` are kept per proxy model; the caller holds ``proxy.lock`` (a buffer is written
     by the pass that uses it)."""
+    import torch
+
     first = row_parts[0][0]
     key: tuple[int, ...] | None = None
+    # one row's states are assembled in float32, the precision the question attention reads them in: converted
+    # once while copied, not once per layer and question. Only while that buffer stays small enough to be kept: a
+    # batch of rows, or a very long context, keeps the model's dtype (its memory)
+    room32 = max(s_max, QUESTION_ROOM)
+    size32 = 2 * depth * first.shape[2] * (c_max + room32) * first.shape[4] * 4
+    small = len(row_parts) == 1 and size32 <= ASSEMBLED_MAX_BYTES
+    dtype = torch.float32 if small and ASSEMBLE_ONE_ROW_IN_FLOAT32 else first.dtype
     if len(row_parts) == 1:
         key = tuple(id(p) for p in row_parts[0])
         memo = proxy.question_buffers
         hit = memo.get(key)
-        if hit is not None and hit.depth == depth and hit.buf.shape[4] >= c_max + s_max:
+        if hit is not None and hit.depth == depth and hit.buf.dtype == dtype and hit.buf.shape[4] >= c_max + s_max:
             memo.move_to_end(key)
             return hit.buf
     room = max(s_max, QUESTION_ROOM) if key is not None else s_max
-    buf = first.new_empty(2, depth, len(row_parts), first.shape[2], c_max + room, first.shape[4])
+    buf = first.new_empty(2, depth, len(row_parts), first.shape[2], c_max + room, first.shape[4], dtype=dtype)
     for b, parts in enumerate(row_parts):
         pos = 0
         for part in parts:
