@@ -110,11 +110,12 @@ def gateway(sidecar: httpx.AsyncClient, **options: Any) -> ASGIApp:
     return CompressContextMiddleware(app, sidecar=sidecar, **options)
 
 
-def in_process_sidecar() -> httpx.AsyncClient:
-    """rag-opt's app, in this process (the upstream is never called by /v1/compress)."""
+def in_process_sidecar(**settings: Any) -> httpx.AsyncClient:
+    """rag-opt's app, in this process (the upstream is never called by /v1/compress); ``settings``: other
+    ``ProxySettings`` fields, e.g. ``time_budget_ms``."""
     from rag_opt.server import ProxySettings, create_app
 
-    app = create_app(ProxySettings(upstream="http://127.0.0.1:9/v1", warmup=False))
+    app = create_app(ProxySettings(**{"upstream": "http://127.0.0.1:9/v1", "warmup": False, **settings}))
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1", timeout=120)
 
 

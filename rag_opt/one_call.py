@@ -37,7 +37,7 @@ def optimize(
     ratio: float | None = None,
     target_tokens: int | None = None,
     threshold: float | None = None,
-    ordering: OrderingName | str = "relevance",
+    ordering: OrderingName | str = "lost_in_the_middle",
     target: str | None = None,
     model: str | None = None,
     budget: Budget | None = None,

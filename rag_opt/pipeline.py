@@ -66,10 +66,11 @@ class ContextOptimizer:
         target_tokens: the default budget as a number of target tokens.
         threshold: the default budget as a relevance probability: keep the sentences scoring at least this.
         budget: the default budget as a :class:`~rag_opt.types.Budget`.
-        ordering: ``relevance`` (best first, the rest by descending relevance: the default, chosen by
-            ``benchmarks/litm.py``, docs/reordering.md), ``input`` (keep), ``lost_in_the_middle`` (best at both ends),
-            ``calibrated`` (best into the slots the proxy attends to most, from its calibration profile) or
-            ``attention_sort`` (the proxy's attention sorts the kept documents, 2 rounds: extra forward passes).
+        ordering: ``lost_in_the_middle`` (end placement: the best document first, the second best last, and so on
+            toward the middle; the default, chosen by ``benchmarks/litm.py``, docs/reordering.md), ``relevance``
+            (best first, the rest by descending relevance), ``input`` (keep), ``calibrated`` (best into the slots
+            the proxy attends to most, from its calibration profile) or ``attention_sort`` (the proxy's attention
+            sorts the kept documents, 2 rounds: extra forward passes).
             Document relevance is position-calibrated when a profile exists (``result.calibrated``).
         probe: ``"auto"`` (the probe shipped for the model), a path to a probe JSON, or None (raw attention).
         keep_best_per_doc: keep at least the best sentence of every document (while the budget allows).
@@ -127,7 +128,7 @@ class ContextOptimizer:
         target_tokens: int | None = None,
         threshold: float | None = None,
         budget: Budget | None = None,
-        ordering: OrderingName | str = "relevance",
+        ordering: OrderingName | str = "lost_in_the_middle",
         probe: str | None = "auto",
         keep_best_per_doc: bool = False,
         keep_first: bool = False,

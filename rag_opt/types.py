@@ -276,7 +276,7 @@ class OptimizeResult(BaseModel):
         default=False,
         description="document scores are position-calibrated (document probe over calibrated attention)",
     )
-    ordering: OrderingName = "relevance"
+    ordering: OrderingName = "lost_in_the_middle"
     placement_profile: str | None = Field(
         default=None,
         description="calibrated ordering: the profile that placed the documents (the reader's, else the proxy's; "

@@ -281,7 +281,8 @@ def test_runnable_configurable_fields(retriever: Any, questions: list[str], bm25
 
 
 def test_runnable_accepts_strings_and_dicts_and_keeps_metadata(bm25_opt) -> None:
-    runnable = RagOptRunnable(optimizer=bm25_opt, ratio=1.0)  # ratio 1: nothing dropped, everything kept verbatim
+    # ratio 1: nothing dropped, everything kept verbatim; input order, so the checks read the documents as given
+    runnable = RagOptRunnable(optimizer=bm25_opt, ratio=1.0, ordering="input")
     docs: list[Any] = [
         {"text": "Paris is the capital of France. It is large.", "title": "Paris", "id": "p", "metadata": {"k": 1}},
         "Berlin is the capital of Germany.",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import socket
 from collections.abc import Iterator
@@ -21,6 +22,10 @@ from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION
 from tests.upstream_server import ServerThread
 
 pytestmark = [pytest.mark.anyio, pytest.mark.model]
+
+# a client timeout no machine load reaches (the first call loads the model): these tests check what the sidecar
+# returns, never how fast the machine is
+SLOW_OK = 600.0
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [
     LCDocument(page_content=d["text"], id=d["id"], metadata={"title": d["title"], "k": i})
@@ -64,14 +69,18 @@ def check(out: list[LCDocument], budget_tokens: int) -> None:
 
 
 def test_compressor_sync_over_http(url: str) -> None:
-    comp = SidecarCompressor(url=url, api_key="s3cret-sidecar16", budget={"target_tokens": 120})
+    comp = SidecarCompressor(url=url, api_key="s3cret-sidecar16", budget={"target_tokens": 120}, timeout=SLOW_OK)
     check(list(comp.compress_documents(DOCS, EXAMPLE_QUESTION)), 120)
 
 
 async def test_compressor_and_runnable_async_over_http(url: str) -> None:
-    comp = SidecarCompressor(url=url, api_key="s3cret-sidecar16", budget={"target_tokens": 100}, ordering="relevance")
+    comp = SidecarCompressor(
+        url=url, api_key="s3cret-sidecar16", budget={"target_tokens": 100}, ordering="relevance", timeout=SLOW_OK
+    )
     check(list(await comp.acompress_documents(DOCS, EXAMPLE_QUESTION)), 100)
-    runnable = RemoteContextOptimizer(url=url, api_key="s3cret-sidecar16", budget={"target_tokens": 100})
+    runnable = RemoteContextOptimizer(
+        url=url, api_key="s3cret-sidecar16", budget={"target_tokens": 100}, timeout=SLOW_OK
+    )
     out = await runnable.ainvoke({"question": EXAMPLE_QUESTION, "documents": DOCS})
     check(out, 100)
     assert [d.page_content for d in runnable.invoke({"question": EXAMPLE_QUESTION, "documents": DOCS})] == [
@@ -127,5 +136,9 @@ async def test_gateway_middleware_compresses_before_the_llm_call(app: Any) -> No
 
 
 async def test_gateway_example_main_runs_in_process() -> None:
-    out = await _example().main(["--ratio", "0.3"])
+    example = _example()
+    # the example's own in-process sidecar, with a time budget no machine load reaches (its first request loads the
+    # model): the test checks what the example does, never how fast the machine is
+    example.in_process_sidecar = functools.partial(example.in_process_sidecar, time_budget_ms=86_400_000.0)
+    out = await example.main(["--ratio", "0.3"])
     assert out["status"] == "optimized" and out["prompt_chars"] < out["prompt_chars_without_rag_opt"]

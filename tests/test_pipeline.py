@@ -91,10 +91,14 @@ def test_optimize_real_hotpotqa_question():
     assert r.token_budget is not None and r.tokens_after <= r.token_budget
     assert r.tokens_after >= 0.8 * r.token_budget  # the budget is filled, not just respected
     assert r.tokens_before == sum(counter.count(f"{d['title']}\n") + counter.count(d["text"]) for d in docs)
-    # the default ordering (relevance): the most relevant document first, the rest by descending relevance
-    assert r.ordering == "relevance"
+    # the default ordering (end placement): the most relevant document first, the second last, the third second,
+    # ... toward the middle
+    assert r.ordering == "lost_in_the_middle"
     scores = [d.score for d in r.documents]
-    assert all(s is not None for s in scores) and scores == sorted(scores, reverse=True)  # type: ignore[type-var]
+    assert all(s is not None for s in scores) and len(scores) >= 3
+    ranked = sorted(scores, reverse=True)  # type: ignore[type-var]
+    slots = [k // 2 if k % 2 == 0 else len(scores) - 1 - k // 2 for k in range(len(scores))]
+    assert [scores[slot] for slot in slots] == ranked
     by_id = {d["id"]: d for d in docs}
     for out in r.documents:
         src = by_id[out.id]

@@ -74,7 +74,7 @@ class GatewaySettings(BaseModel):
     ratio: float | None = Field(default=None, description="fraction of context tokens to keep (default 0.5)")
     target_tokens: int | None = Field(default=None, description="context tokens to keep")
     threshold: float | None = Field(default=None, description="keep units at least this likely relevant")
-    ordering: str = Field(default="relevance", description="document ordering")
+    ordering: str = Field(default="lost_in_the_middle", description="document ordering")
     target: str | None = Field(default=None, description="tokenizer of the upstream LLM: budgets count in it")
     language: str | None = Field(default=None, description="ISO 639 code of the documents' language")
     tier: Literal["auto", "model", "lexical"] = Field(default="auto", description="the scoring tier")

@@ -122,7 +122,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """The optimizer's own options: target, ordering, probe, language, model."""
     p.add_argument("--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>")
     p.add_argument(
-        "--ordering", default="relevance", choices=ORDERING_NAMES, help="document ordering (default: relevance)"
+        "--ordering",
+        default="lost_in_the_middle",
+        choices=ORDERING_NAMES,
+        help="document ordering (default: lost_in_the_middle)",
     )
     p.add_argument("--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
     p.add_argument(

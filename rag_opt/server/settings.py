@@ -111,7 +111,7 @@ class ProxySettings(BaseModel):
     threshold: float | None = Field(
         default=None, ge=0, le=1, description="keep sentences whose relevance probability is >= this"
     )
-    ordering: str = Field(default="relevance", description=f"document ordering: {', '.join(ORDERING_NAMES)}")
+    ordering: str = Field(default="lost_in_the_middle", description=f"document ordering: {', '.join(ORDERING_NAMES)}")
     drop_below_best: float | None = Field(
         default=None,
         gt=0,
