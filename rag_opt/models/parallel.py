@@ -383,21 +383,21 @@ def _assembled(
 
     first = row_parts[0][0]
     key: tuple[int, ...] | None = None
+    one_row = len(row_parts) == 1
+    room = max(s_max, QUESTION_ROOM) if one_row else s_max
     # one row's states are assembled in float32, the precision the question attention reads them in: converted
     # once while copied, not once per layer and question. Only while that buffer stays small enough to be kept: a
     # batch of rows, or a very long context, keeps the model's dtype (its memory)
-    room32 = max(s_max, QUESTION_ROOM)
-    size32 = 2 * depth * first.shape[2] * (c_max + room32) * first.shape[4] * 4
-    small = len(row_parts) == 1 and size32 <= ASSEMBLED_MAX_BYTES
+    size32 = 2 * depth * first.shape[2] * (c_max + room) * first.shape[4] * 4
+    small = one_row and size32 <= ASSEMBLED_MAX_BYTES
     dtype = torch.float32 if small and ASSEMBLE_ONE_ROW_IN_FLOAT32 else first.dtype
-    if len(row_parts) == 1:
+    if one_row:
         key = tuple(id(p) for p in row_parts[0])
         memo = proxy.question_buffers
         hit = memo.get(key)
         if hit is not None and hit.depth == depth and hit.buf.dtype == dtype and hit.buf.shape[4] >= c_max + s_max:
             memo.move_to_end(key)
             return hit.buf
-    room = max(s_max, QUESTION_ROOM) if key is not None else s_max
     buf = first.new_empty(2, depth, len(row_parts), first.shape[2], c_max + room, first.shape[4], dtype=dtype)
     for b, parts in enumerate(row_parts):
         pos = 0
