@@ -6,9 +6,15 @@ The second stage's strongest multi-hop feature, ``named_by_other``, links a sent
 title to that document. Documents without a title (``--titles none`` in ``benchmarks/compression.py``) are linked by
 the subject their first sentence opens with instead (``rag_opt.text.titles.leading_subject``: ``Dark Horse Records is
 a record label`` -> ``Dark Horse Records``). On the first ``--hotpot`` HotpotQA dev questions of the seeded shuffle,
-given without titles, the model tier and the lexical tier score each question twice, with and without those links
-(``UnitTable.link_names`` emptied), at 1/3 and 1/5; the paired differences (with minus without) come with 95 %
-bootstrap intervals. The title-field regime on the same questions is the reference the links try to reach.
+given without titles, the model tier and the lexical tier score each question three times, at 1/3 and 1/5:
+
+* ``links``: the subject and its other names (``rag_opt.text.name_variants``: "Sergey Olegovich Sirotkin" is also
+  "Sergey Sirotkin"; what the library does);
+* ``subject only``: the subject alone (``UnitTable.link_variants`` emptied);
+* ``no links``: neither (``UnitTable.link_names`` emptied too).
+
+The paired differences (links minus no links, and links minus subject only) come with 95 % bootstrap intervals.
+The title-field regime on the same questions is the reference the links try to reach.
 """
 
 from __future__ import annotations
@@ -37,16 +43,22 @@ from rag_opt.training.datasets import read_hotpotqa  # noqa: E402
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 RATIOS = (1 / 3, 1 / 5)
 METRICS = ("sf_recall", "answer_retention")
+ARMS = ("links", "subject only", "no links")
 
 
 class Links:
-    """A scorer that reads the documents' link names (``on``) or not (a table with none)."""
+    """A scorer that reads the documents' link names and their other names (``arm == "links"``), the names alone
+    (``"subject only"``) or neither (``"no links"``)."""
 
-    def __init__(self, inner: Any, on: bool) -> None:
-        self.inner, self.on = inner, on
+    def __init__(self, inner: Any, arm: str) -> None:
+        self.inner, self.arm = inner, arm
 
     def score(self, question: str, units: UnitTable) -> Scores:
-        return self.inner.score(question, units if self.on else dataclasses.replace(units, link_names=()))
+        if self.arm == "subject only":
+            units = dataclasses.replace(units, link_variants=())
+        elif self.arm == "no links":
+            units = dataclasses.replace(units, link_names=(), link_variants=())
+        return self.inner.score(question, units)
 
 
 def run(n: int) -> dict[str, Any]:
@@ -57,10 +69,7 @@ def run(n: int) -> dict[str, Any]:
     tiers = {"model": sentinel, "lexical": LexicalScorer()}
     rows: dict[str, list[dict[str, Any]]] = {}
     for tier, scorer in tiers.items():
-        arms = {
-            "links": ContextOptimizer(scorer=Links(scorer, True)),
-            "no links": ContextOptimizer(scorer=Links(scorer, False)),
-        }
+        arms = {arm: ContextOptimizer(scorer=Links(scorer, arm)) for arm in ARMS}
         for ex in tqdm(questions, desc=f"{tier} tier", mininterval=10):
             docs, shifts = hotpot_documents(ex, "none")
             for arm, opt in arms.items():
@@ -70,28 +79,40 @@ def run(n: int) -> dict[str, Any]:
     out: dict[str, Any] = {"questions": len(questions), "titles": "none", "results": {}}
     for tier in tiers:
         for r in RATIOS:
-            with_, without = rows[f"{tier}|links|{r:.3f}"], rows[f"{tier}|no links|{r:.3f}"]
+            with_ = rows[f"{tier}|links|{r:.3f}"]
+            subject, without = rows[f"{tier}|subject only|{r:.3f}"], rows[f"{tier}|no links|{r:.3f}"]
             entry: dict[str, Any] = {}
             for metric in METRICS:
                 a = [x[metric] for x in without]
                 b = [x[metric] for x in with_]
+                s = [x[metric] for x in subject]
                 d = paired_bootstrap(a, b)  # with minus without
+                dv = paired_bootstrap(s, b)  # with the other names minus the subject alone
                 entry[metric] = {
                     "links": float(np.mean([v for v in b if v is not None])),
+                    "subject_only": float(np.mean([v for v in s if v is not None])),
                     "no_links": float(np.mean([v for v in a if v is not None])),
                     "diff": [d["diff"], d["low"], d["high"]],
+                    "diff_variants": [dv["diff"], dv["low"], dv["high"]],
                 }
             out["results"][f"{tier} {r:.3f}"] = entry
     return out
 
 
 def show(res: dict[str, Any]) -> None:
-    print(f"HotpotQA dev, {res['questions']} questions given without titles: subject links on vs off (paired, 95 % CI)")
+    print(
+        f"HotpotQA dev, {res['questions']} questions given without titles: links (subject and other names) / "
+        "subject only / no links (paired, 95 % CI)"
+    )
     for key, entry in res["results"].items():
         parts = []
         for metric, e in entry.items():
-            d = e["diff"]
-            parts.append(f"{metric} {e['links']:.3f} vs {e['no_links']:.3f} ({d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}])")
+            d, dv = e["diff"], e.get("diff_variants")
+            line = f"{metric} {e['links']:.3f} / {e.get('subject_only', float('nan')):.3f} / {e['no_links']:.3f}"
+            line += f" (vs none {d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]"
+            if dv is not None:
+                line += f"; other names {dv[0]:+.3f} [{dv[1]:+.3f}, {dv[2]:+.3f}]"
+            parts.append(line + ")")
         print(f"  {key}: " + "; ".join(parts))
 
 

@@ -17,7 +17,9 @@ module builds per-unit features (no forward pass, microseconds):
 * ``names_other``: the best document score (best logit) among the other documents whose title this unit
   names; the context minimum when it names none.
 
-Titles are read from the table's title rows (documents without a title take part in neither title feature).
+A document is named by its title (a title field, metadata, a leading heading line; else its title row) or, without
+one, by the subject its text opens with and that subject's other names (``UnitTable.link_names`` and
+``link_variants``: :mod:`rag_opt.text.name_variants`). A document without any takes part in neither feature.
 """
 
 from __future__ import annotations
@@ -64,17 +66,28 @@ def _title_pattern(title: str) -> re.Pattern[str] | None:
     return re.compile(r"(?<!\w)" + re.escape(core) + r"(?!\w)", re.IGNORECASE)
 
 
+@lru_cache(maxsize=4096)
+def _variant_pattern(name: str) -> re.Pattern[str]:
+    """A case-sensitive, word-bounded pattern for another name of a document (a proper name: capitalization counts)."""
+    return re.compile(r"(?<!\w)" + re.escape(name) + r"(?!\w)")
+
+
 @lru_cache(maxsize=256)
-def _mentions(titles: tuple[str, ...], texts: tuple[tuple[int, str], ...]) -> tuple[tuple[int, int], ...]:
-    """``(d, i)`` for each candidate ``texts[i]`` (its document, its text) that names document ``d``'s title, ``d``
-    another document. It depends on the documents only, not on the question: remembered per document set (a
-    second question over the same documents skips the ``documents × units`` pattern searches)."""
+def _mentions(
+    titles: tuple[str, ...], texts: tuple[tuple[int, str], ...], variants: tuple[tuple[str, ...], ...] = ()
+) -> tuple[tuple[int, int], ...]:
+    """``(d, i)`` for each candidate ``texts[i]`` (its document, its text) that names document ``d``, ``d`` another
+    document: by its title (case-insensitive, :func:`_title_pattern`) or by one of its ``variants`` (other names of
+    an untitled document, case-sensitive: :mod:`rag_opt.text.name_variants`). It depends on the documents only, not
+    on the question: remembered per document set (a second question over the same documents skips the
+    ``documents × units`` pattern searches)."""
     out = []
     for d, title in enumerate(titles):
-        pat = _title_pattern(title) if title else None
-        if pat is None:
+        pats = [p for p in [_title_pattern(title) if title else None] if p is not None]
+        pats += [_variant_pattern(v) for v in (variants[d] if d < len(variants) else ())]
+        if not pats:
             continue
-        out += [(d, i) for i, (doc, text) in enumerate(texts) if doc != d and pat.search(text)]
+        out += [(d, i) for i, (doc, text) in enumerate(texts) if doc != d and any(p.search(text) for p in pats)]
     return tuple(out)
 
 
@@ -94,7 +107,7 @@ def _unit_mentions(units: UnitTable) -> tuple[np.ndarray, tuple[tuple[int, int],
     """The candidate rows, and ``(d, i)`` for each candidate row ``rows[i]`` that names document ``d`` (another)."""
     rows_c = np.flatnonzero(units.candidate)
     texts = tuple((int(units.doc[r]), units.texts[r]) for r in rows_c)
-    return rows_c, _mentions(tuple(t or "" for t in _titles(units)), texts)
+    return rows_c, _mentions(tuple(t or "" for t in _titles(units)), texts, units.link_variants)
 
 
 def document_links(units: UnitTable) -> set[tuple[int, int]]:

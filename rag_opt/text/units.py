@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rag_opt.text.name_variants import name_variants
 from rag_opt.text.titles import DEFAULT_TITLE_KEYS, find_title, leading_subject
 from rag_opt.types import Document, UnitKind
 
@@ -37,6 +38,8 @@ class UnitTable:
     ``title_sources`` (where each title was found: :attr:`rag_opt.text.titles.FoundTitle.label`; empty for tables
     built from texts), ``link_names`` (the name other documents' sentences link to: the title, else the subject the
     text opens with, :func:`rag_opt.text.titles.leading_subject`; empty for tables built from texts),
+    ``link_variants`` (other names an untitled document goes by, from its leading subject and first sentence:
+    :func:`rag_opt.text.name_variants.name_variants`; empty tuples for titled documents),
     ``title_tokens`` (0 for a title that is the text's own leading heading line: it is a unit of the text) and
     ``text_tokens`` (the whole text: BPE merges across units make it differ from the sum).
     ``language`` is the ISO 639 code the documents were segmented with (scorers' lexical features follow it).
@@ -56,6 +59,7 @@ class UnitTable:
     titles: tuple[str | None, ...] = ()
     title_sources: tuple[str | None, ...] = ()
     link_names: tuple[str | None, ...] = ()
+    link_variants: tuple[tuple[str, ...], ...] = ()
     title_tokens: np.ndarray | None = None
     text_tokens: np.ndarray | None = None
     language: str = "en"
@@ -93,13 +97,16 @@ class UnitTable:
         titles: list[str | None] = []
         sources: list[str | None] = []
         links: list[str | None] = []
+        variants: list[tuple[str, ...]] = []
         title_tokens: list[int] = []
         text_tokens: list[int] = []
         for d, document in enumerate(documents):
             found = find_title(document, title_keys, from_text=title_from_text)
             titles.append(found.title if found is not None else None)
             sources.append(found.label if found is not None else None)
-            links.append(found.title if found is not None else leading_subject(document.text))
+            subject = None if found is not None else leading_subject(document.text)
+            links.append(found.title if found is not None else subject)
+            variants.append(name_variants(subject, document.text) if subject else ())
             in_text = found is not None and found.span is not None
             title = None if found is None or in_text else found.title
             title_tokens.append(count(f"{title}\n") if title else 0)
@@ -146,6 +153,7 @@ class UnitTable:
             titles=tuple(titles),
             title_sources=tuple(sources),
             link_names=tuple(links),
+            link_variants=tuple(variants),
             title_tokens=np.asarray(title_tokens, dtype=np.int64),
             text_tokens=np.asarray(text_tokens, dtype=np.int64),
             language=language,

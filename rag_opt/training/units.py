@@ -17,6 +17,7 @@ import random
 from collections.abc import Mapping, Sequence
 
 from rag_opt.errors import InvalidInputError
+from rag_opt.text.name_variants import name_variants
 from rag_opt.text.segment import segment
 from rag_opt.text.titles import leading_subject
 from rag_opt.text.units import UnitTable
@@ -63,7 +64,8 @@ def hotpot_table(ex: HotpotExample, regime: str = "field") -> UnitTable:
     if regime == "none":
         table = UnitTable.from_texts(ex.sentences, [[True] * len(s) for s in ex.sentences])
         links = tuple(leading_subject(ex.paragraph_text(p)) for p in range(len(ex.sentences)))
-        return dataclasses.replace(table, link_names=links)
+        variants = tuple(name_variants(s, ex.paragraph_text(p)) if s else () for p, s in enumerate(links))
+        return dataclasses.replace(table, link_names=links, link_variants=variants)
     table = UnitTable.titled(hotpot_units(ex))
     if regime == "text":
         kinds = tuple("heading" if k == "title" else k for k in table.kind)

@@ -1,0 +1,96 @@
+"""Other names an untitled document goes by, for the second stage's links between documents.
+
+A document without a title is linked by the subject its text opens with (:func:`rag_opt.text.titles.leading_subject`).
+That subject is often the *formal* name, and other documents use the common one: "Sergey Olegovich Sirotkin" is
+named "Sergey Sirotkin" elsewhere, "Dame Joan Alston Sutherland" is "Joan Sutherland", 'Heywood "Woody" Allen' is
+"Woody Allen", and "Richard Colson Baker (...), better known by his stage name Machine Gun Kelly" is "Machine Gun
+Kelly". A title field carries the common name; :func:`name_variants` recovers it from the text, so that untitled
+documents are linked as titled ones are.
+
+The variants (each at least 3 characters, none equal to the subject):
+
+* the subject without a leading article, when at least two words remain ("The Drudge Report" → "Drudge Report");
+* for a name of three or more capitalized words: the name without leading honorifics (``Sir``, ``Dame``, ``Dr.``,
+  ``Rear Admiral``, ...) and trailing post-nominals (``OBE``, ``PhD``, ...), and its first and last word
+  ("Sir Anthony Peter McCoy, OBE" → "Anthony Peter McCoy", "Anthony McCoy"). A generational suffix (``Jr.``,
+  ``III``) stays: "John Herschel Glenn Jr." → "John Glenn Jr." (a "Jr." is another person than his father);
+* a nickname in quotes with the surname ('Ernesto "Che" Guevara' → "Che Guevara");
+* the names the first sentence gives it: "known as X", "better known as X or Y", "known by his stage name X",
+  "referred to as X", "credited as X".
+
+Variants are matched case-sensitively (:mod:`rag_opt.compressors.context_features`): a variant is a proper name, so
+"The Bridge" does not make every "the bridge" a link. Measured in ``docs/benchmarks.md`` (title-free links).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["MAX_VARIANTS", "name_variants"]
+
+MAX_VARIANTS = 6  # at most this many variants per document
+
+_ARTICLES = frozenset({"the", "a", "an"})
+_HONORIFICS = frozenset(
+    "sir dame lord lady dr dr. saint st. king queen prince princess general gen. captain capt. president senator "
+    "reverend rev. mr. mrs. ms. admiral rear vice colonel col. major lieutenant lt. sergeant professor prof. judge "
+    "chief father pope emperor empress sheikh".split()
+)
+_POST_NOMINALS = frozenset("obe kbe cbe mbe dbe gbe om ac kc qc pc frs phd md".split())
+_GENERATIONAL = frozenset("jr. jr sr. sr ii iii iv".split())
+_PARTICLES = frozenset("of and the a an de la le du von van der den da di del y".split())
+_NAME = r"(?:[A-Z0-9][\w'’.\-]*)(?:\s+(?:[A-Z0-9][\w'’.\-]*|of|the|de|van|von|da|la|del|di|&))*"
+_ALIAS = re.compile(
+    r"\b(?:known|referred to|credited|billed)\s+(?:simply\s+|mononymously\s+|professionally\s+)?(?:as|by)\s+"
+    r"(?:(?:his|her|their|its|the)\s+)?(?:(?:mononymous|stage|ring|pen|nick|short|shortened)\s*names?\s+)?[\"“]?"
+    r"(" + _NAME + r")(?:[\"”]?\s*(?:,\s*|\s+or\s+|\s+and\s+)[\"“]?(" + _NAME + r"))?"
+)
+_NICKNAME = re.compile(r"[\"“]([A-Z][\w'’.\-]*(?:\s+[A-Z][\w'’.\-]*)?)[\"”]")
+_FIRST_SENTENCE_CHARS = 400
+
+
+def name_variants(subject: str, text: str) -> tuple[str, ...]:
+    """Other names of a document whose text opens with ``subject`` (see the module docstring), in a fixed order,
+    without duplicates; empty when there are none."""
+    out: list[str] = []
+    words = subject.split()
+    if not words:
+        return ()
+    if words[0].lower() in _ARTICLES:
+        if len(words) >= 3:
+            out.append(" ".join(words[1:]))
+    else:
+        out += _person_variants(subject)
+    first = text.lstrip().split("\n", 1)[0][:_FIRST_SENTENCE_CHARS]
+    for m in _ALIAS.finditer(first):
+        out += [g.strip(" .,'\"”") for g in m.groups() if g]
+    seen = {subject}
+    kept: list[str] = []
+    for v in out:
+        if len(v) >= 3 and v not in seen:
+            seen.add(v)
+            kept.append(v)
+    return tuple(kept[:MAX_VARIANTS])
+
+
+def _person_variants(subject: str) -> list[str]:
+    """The variants of a name that does not open with an article: honorifics and post-nominals dropped, first and
+    last word, nickname and surname."""
+    out: list[str] = []
+    nickname = _NICKNAME.search(subject)
+    plain = [w.strip(",") for w in _NICKNAME.sub(" ", subject).split()]
+    words = [w for w in plain if w]
+    while len(words) > 2 and words[0].lower() in _HONORIFICS:
+        words = words[1:]
+    while len(words) > 2 and words[-1].lower() in _POST_NOMINALS:
+        words = words[:-1]
+    suffix = ""
+    if len(words) > 2 and words[-1].lower() in _GENERATIONAL:
+        suffix, words = " " + words[-1], words[:-1]
+    if words and words != plain:
+        out.append(" ".join(words) + suffix)
+    if len(words) >= 3 and all(w[0].isupper() for w in words) and words[-2].lower() not in _PARTICLES:
+        out.append(f"{words[0]} {words[-1]}{suffix}")
+    if nickname and len(words) >= 2:
+        out.append(f"{nickname.group(1)} {words[-1]}{suffix}")
+    return out
