@@ -83,3 +83,18 @@ def test_a_single_document_reads_the_same_in_both_orders():
     units = UnitTable.build([Document(text="One sentence. Another one.")], get_token_counter("gpt-4o").count)
     rev, rows = reversed_documents(units)
     assert rev.texts == units.texts and list(rows) == list(range(units.n_units))
+
+
+def test_the_reversed_table_keeps_each_untitled_documents_link_names_and_other_names():
+    """Untitled documents are linked by their subject and its other names: the reversed reading carries both with
+    their documents."""
+    docs = [
+        Document(text="Sergey Olegovich Sirotkin is a racing driver. He drives for a team."),
+        Document(text="The team signed Sergey Sirotkin in 2018."),
+        Document(text="Dame Joan Alston Sutherland was a soprano."),
+    ]
+    units = UnitTable.build(docs, lambda s: len(s.split()))
+    rev, _ = reversed_documents(units)
+    assert rev.link_names == units.link_names[::-1]
+    assert rev.link_variants == units.link_variants[::-1]
+    assert rev.link_variants[-1] == ("Sergey Sirotkin",)
