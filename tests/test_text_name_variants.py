@@ -64,31 +64,24 @@ def test_name_variants_are_bounded_and_distinct() -> None:
     assert name_variants("Xavier Yusuf Zed", "X Y Z, known as Al, is.") == ("Xavier Zed",)  # under 3 characters
 
 
-def _named_by_other(docs: list[Document]) -> np.ndarray:
+def _named_first(opening: str, mention: str) -> float:
+    """``named_by_other`` of the first of two untitled documents (its best candidate row): the first opens with
+    ``opening``, the second holds ``mention``."""
     from rag_opt.compressors.context_features import CONTEXT_FEATURES, context_features
 
-    units = UnitTable.build(docs, lambda s: len(s.split()))
+    units = UnitTable.build([Document(text=opening), Document(text=mention)], lambda s: len(s.split()))
     feats = context_features(np.linspace(-1.0, 1.0, units.n_units), units)
     named = feats[:, CONTEXT_FEATURES.index("named_by_other")]
-    return np.asarray([named[[r for r in units.rows(d) if units.candidate[r]]].max() for d in range(len(docs))])
+    return float(named[[r for r in units.rows(0) if units.candidate[r]]].max())
 
 
 def test_an_untitled_document_is_linked_by_its_common_name() -> None:
     """The second document names the first by the common name its formal subject varies to: a link, as a title
     would give; without the variant (a document that opens with another name) there is none."""
-    linked = _named_by_other(
-        [
-            Document(text="Sergey Olegovich Sirotkin is a racing driver. He drives for a team."),
-            Document(text="The team signed Sergey Sirotkin in 2018. It finished last."),
-        ]
-    )
-    unlinked = _named_by_other(
-        [
-            Document(text="Sergey Olegovich Petrov is a racing driver. He drives for a team."),
-            Document(text="The team signed Sergey Sirotkin in 2018. It finished last."),
-        ]
-    )
-    assert linked[0] > unlinked[0]
+    mention = "The team signed Sergey Sirotkin in 2018. It finished last."
+    linked = _named_first("Sergey Olegovich Sirotkin is a racing driver. He drives for a team.", mention)
+    unlinked = _named_first("Sergey Olegovich Petrov is a racing driver. He drives for a team.", mention)
+    assert linked > unlinked
     units = UnitTable.build([Document(text="Sergey Olegovich Sirotkin is a racing driver.")], lambda s: 1)
     assert units.link_variants == (("Sergey Sirotkin",),)
     titled = UnitTable.build(
@@ -99,16 +92,7 @@ def test_an_untitled_document_is_linked_by_its_common_name() -> None:
 
 def test_variants_are_matched_case_sensitively() -> None:
     """A variant is a proper name: its lower-case words elsewhere are no link."""
-    linked = _named_by_other(
-        [
-            Document(text="The Silver Bridge Company is a builder. It builds bridges."),
-            Document(text="The river has a silver bridge company nearby. It is old."),
-        ]
-    )
-    named = _named_by_other(
-        [
-            Document(text="The Silver Bridge Company is a builder. It builds bridges."),
-            Document(text="The river has the Silver Bridge Company nearby. It is old."),
-        ]
-    )
-    assert named[0] > linked[0]
+    opening = "The Silver Bridge Company is a builder. It builds bridges."
+    lower = _named_first(opening, "The river has a silver bridge company nearby. It is old.")
+    named = _named_first(opening, "The river has the Silver Bridge Company nearby. It is old.")
+    assert named > lower

@@ -74,7 +74,7 @@ def _variant_pattern(name: str) -> re.Pattern[str]:
 
 @lru_cache(maxsize=256)
 def _mentions(
-    titles: tuple[str, ...], texts: tuple[tuple[int, str], ...], variants: tuple[tuple[str, ...], ...] = ()
+    titles: tuple[str, ...], texts: tuple[tuple[int, str], ...], variants: tuple[tuple[str, ...], ...]
 ) -> tuple[tuple[int, int], ...]:
     """``(d, i)`` for each candidate ``texts[i]`` (its document, its text) that names document ``d``, ``d`` another
     document: by its title (case-insensitive, :func:`_title_pattern`) or by one of its ``variants`` (other names of
