@@ -11,7 +11,8 @@ Conditions (``--orders`` × ``--budgets``, or an explicit ``--conditions relevan
 the reader gets, in the order rag-opt gives them,
 
 * orders: ``input`` (the retriever's, i.e. the paper's curve), ``lost_in_the_middle`` (end placement),
-  ``relevance`` (best first, the rest by descending relevance), ``calibrated`` (placement by the positional
+  ``relevance`` (best first, the rest by descending relevance), ``promote_best`` (best first, the rest in
+  input order), ``calibrated`` (placement by the positional
   profile of the reader, ``rag-opt calibrate --reader``, when one exists, else the proxy's, else end placement;
   the report says which placed the documents), ``attention_sort``;
 * budgets: ``full`` (nothing dropped: ``ratio=1``) and fractions such as ``1/3`` (rag-opt's compression at that
@@ -66,7 +67,7 @@ from rag_opt.training.reader_calibration import render_search_results as render
 logger = logging.getLogger("bench.litm")
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_READER = "embedded:qwen2.5-coder-0.5b"
-ORDERS = ("input", "lost_in_the_middle", "relevance", "calibrated", "attention_sort")
+ORDERS = ("input", "lost_in_the_middle", "relevance", "promote_best", "calibrated", "attention_sort")
 BASELINE = "input@full"
 GRIDS = {10: (0, 4, 9), 20: (0, 4, 9, 14, 19), 30: (0, 4, 9, 14, 19, 24, 29)}
 

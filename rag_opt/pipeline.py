@@ -68,7 +68,8 @@ class ContextOptimizer:
         budget: the default budget as a :class:`~rag_opt.types.Budget`.
         ordering: ``lost_in_the_middle`` (end placement: the best document first, the second best last, and so on
             toward the middle; the default, chosen by ``benchmarks/litm.py``, docs/reordering.md), ``relevance``
-            (best first, the rest by descending relevance), ``input`` (keep), ``calibrated`` (best into the slots
+            (best first, the rest by descending relevance), ``promote_best`` (the best document first, the rest in
+            input order), ``input`` (keep), ``calibrated`` (best into the slots
             the proxy attends to most, from its calibration profile) or ``attention_sort`` (the proxy's attention
             sorts the kept documents, 2 rounds: extra forward passes).
             Document relevance is position-calibrated when a profile exists (``result.calibrated``).

@@ -32,10 +32,11 @@ __all__ = [
 
 UnitKind = Literal["title", "sentence", "heading", "list_item", "code", "table", "json"]
 
-OrderingName = Literal["input", "lost_in_the_middle", "relevance", "calibrated", "attention_sort"]
+OrderingName = Literal["input", "lost_in_the_middle", "relevance", "promote_best", "calibrated", "attention_sort"]
 """How kept documents are ordered: ``input`` (unchanged), ``lost_in_the_middle`` (best at both ends),
-``relevance`` (best first), ``calibrated`` (best into the slots the proxy attends to most) or
-``attention_sort`` (the proxy's attention sorts them)."""
+``relevance`` (best first), ``promote_best`` (the best document moves to the front, the others keep their
+input order), ``calibrated`` (best into the slots the proxy attends to most) or ``attention_sort`` (the
+proxy's attention sorts them)."""
 ORDERING_NAMES: tuple[str, ...] = get_args(OrderingName)
 
 Tier = Literal["model", "lexical"]

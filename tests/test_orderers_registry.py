@@ -25,11 +25,25 @@ def test_every_ordering_name_has_exactly_one_registered_orderer() -> None:
 
 def test_model_free_orderers_follow_the_protocol() -> None:
     items = [OrderItem(f"doc {i}", r) for i, r in enumerate([0.2, 0.9, 0.5, 0.1])]
-    got = {n: make_orderer(n, _resources()) for n in ("input", "relevance", "lost_in_the_middle")}
+    names = ("input", "relevance", "lost_in_the_middle", "promote_best")
+    got = {n: make_orderer(n, _resources()) for n in names}
     assert all(isinstance(o, Orderer) for o in got.values())
     assert got["input"].order("q", items).permutation == [0, 1, 2, 3]
     assert got["relevance"].order("q", items).permutation == [1, 2, 0, 3]
     assert got["lost_in_the_middle"].order("q", items).permutation == [1, 0, 3, 2]
+    assert got["promote_best"].order("q", items).permutation == [1, 0, 2, 3]
+
+
+def test_promote_best_moves_only_the_best_document() -> None:
+    promote = make_orderer("promote_best", _resources())
+
+    def perm(relevance: list[float]) -> list[int]:
+        return promote.order("q", [OrderItem(f"doc {i}", r) for i, r in enumerate(relevance)]).permutation
+
+    assert perm([0.9, 0.1, 0.5, 0.7]) == [0, 1, 2, 3]  # already first: the context is left as it came
+    assert perm([0.1, 0.5, 0.3, 0.2, 0.9]) == [4, 0, 1, 2, 3]  # the others keep their input order
+    assert perm([0.3, 0.8, 0.2, 0.8]) == [1, 0, 2, 3]  # a tie promotes the earlier document
+    assert perm([0.4]) == [0] and perm([]) == []
 
 
 def test_orderers_that_need_the_proxy_model_say_so_when_it_is_missing() -> None:

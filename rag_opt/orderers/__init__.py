@@ -22,6 +22,7 @@ __all__ = [
     "Ordering",
     "PositionProfile",
     "ProfileStore",
+    "PromoteBest",
     "RelevanceOrder",
     "end_placement",
     "make_orderer",
@@ -46,7 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.orderers.calibrated import CalibratedPlacement, placement, resample_slots, slot_attention_for
     from rag_opt.orderers.lost_in_the_middle import LostInTheMiddle, end_placement, rank_scores
     from rag_opt.orderers.profiles import PositionProfile, ProfileStore
-    from rag_opt.orderers.simple import InputOrder, RelevanceOrder
+    from rag_opt.orderers.simple import InputOrder, PromoteBest, RelevanceOrder
 
 __getattr__, __dir__ = lazy_module(
     __name__,
@@ -69,6 +70,7 @@ __getattr__, __dir__ = lazy_module(
         "PositionProfile": "rag_opt.orderers.profiles",
         "ProfileStore": "rag_opt.orderers.profiles",
         "InputOrder": "rag_opt.orderers.simple",
+        "PromoteBest": "rag_opt.orderers.simple",
         "RelevanceOrder": "rag_opt.orderers.simple",
     },
 )

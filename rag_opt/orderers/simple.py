@@ -1,4 +1,5 @@
-"""The two orderings that need no model: keep the input order, or put the most relevant document first."""
+"""The orderings that need no model and no profile: keep the input order, sort by relevance, or move only
+the most relevant document to the front."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import ClassVar
 
 from rag_opt.orderers.base import OrdererResources, Ordering, OrderItem, register_orderer
 
-__all__ = ["InputOrder", "RelevanceOrder"]
+__all__ = ["InputOrder", "PromoteBest", "RelevanceOrder"]
 
 
 @register_orderer
@@ -38,3 +39,27 @@ class RelevanceOrder:
 
     def order(self, query: str, documents: Sequence[OrderItem]) -> Ordering:
         return Ordering(sorted(range(len(documents)), key=lambda j: (-documents[j].relevance, j)))
+
+
+@register_orderer
+class PromoteBest:
+    """The most relevant document moves to the front; every other document keeps its input order.
+
+    The smallest change that puts the best document where readers look first.  When the retriever's order
+    already has the best document first, the context is left exactly as it came, so a reader that answered
+    from the input order answers the same.  Of equally relevant documents the earlier one is promoted.
+    """
+
+    name: ClassVar[str] = "promote_best"
+    reorders: ClassVar[bool] = True
+
+    @classmethod
+    def from_resources(cls, resources: OrdererResources) -> PromoteBest:
+        return cls()
+
+    def order(self, query: str, documents: Sequence[OrderItem]) -> Ordering:
+        n = len(documents)
+        if n == 0:
+            return Ordering([])
+        best = min(range(n), key=lambda j: (-documents[j].relevance, j))
+        return Ordering([best, *(j for j in range(n) if j != best)])
