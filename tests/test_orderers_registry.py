@@ -44,6 +44,8 @@ def test_promote_best_moves_only_the_best_document() -> None:
     assert perm([0.1, 0.5, 0.3, 0.2, 0.9]) == [4, 0, 1, 2, 3]  # the others keep their input order
     assert perm([0.3, 0.8, 0.2, 0.8]) == [1, 0, 2, 3]  # a tie promotes the earlier document
     assert perm([0.4]) == [0] and perm([]) == []
+    with pytest.raises(InvalidInputError, match=r"scores\[1\] must be finite"):
+        perm([0.4, float("nan"), 0.2])
 
 
 def test_orderers_that_need_the_proxy_model_say_so_when_it_is_missing() -> None:

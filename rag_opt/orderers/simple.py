@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from rag_opt.orderers.base import OrdererResources, Ordering, OrderItem, register_orderer
+from rag_opt.orderers.lost_in_the_middle import checked_scores
 
 __all__ = ["InputOrder", "PromoteBest", "RelevanceOrder"]
 
@@ -58,8 +59,9 @@ class PromoteBest:
         return cls()
 
     def order(self, query: str, documents: Sequence[OrderItem]) -> Ordering:
-        n = len(documents)
-        if n == 0:
+        """The best document first, then the others in input order; raises when a relevance is not finite."""
+        relevance = checked_scores([d.relevance for d in documents])
+        if not relevance:
             return Ordering([])
-        best = min(range(n), key=lambda j: (-documents[j].relevance, j))
-        return Ordering([best, *(j for j in range(n) if j != best)])
+        best = min(range(len(relevance)), key=lambda j: (-relevance[j], j))
+        return Ordering([best, *(j for j in range(len(relevance)) if j != best)])
