@@ -12,7 +12,8 @@ the reader gets, in the order rag-opt gives them,
 
 * orders: ``input`` (the retriever's, i.e. the paper's curve), ``lost_in_the_middle`` (end placement),
   ``relevance`` (best first, the rest by descending relevance), ``promote_best`` (best first, the rest in
-  input order), ``calibrated`` (placement by the positional
+  input order), ``promote_clear_best`` (the same, only when the first document's relevance is at most 1/20 of the
+  best's), ``calibrated`` (placement by the positional
   profile of the reader, ``rag-opt calibrate --reader``, when one exists, else the proxy's, else end placement;
   the report says which placed the documents), ``attention_sort``;
 * budgets: ``full`` (nothing dropped: ``ratio=1``) and fractions such as ``1/3`` (rag-opt's compression at that
@@ -34,12 +35,14 @@ Reported per slot and over slots: accuracy of every condition, and its paired di
 context with a percentile-bootstrap 95 % CI over questions (the same questions at each slot). Conditions are
 interleaved per question in a rotating order, so machine noise hits all alike. Every answer is appended to a JSONL
 cache next to the output (``litm.cache.jsonl``), keyed by the reader's signature, N, slot, question and condition,
-with the SHA-256 of the context the reader was given. A run builds every condition's context anew and reuses an answer
-only for the very same context: a changed probe, profile or rag-opt version re-asks exactly the conditions whose
-context changed, and an interrupted run resumes where it stopped (``--report-only`` re-prints and re-plots the saved
-results). A second process with ``--from-end`` walks the questions from the other end on another core; the report
-covers the questions answered in every condition at every slot (``questions_per_slot``, out of
-``questions_asked``), with answers checked against this run's contexts (``--cached-only`` trusts the cache).
+with the SHA-256 of the context the reader was given; a condition that builds the very context another one was
+already answered for (same reader, N, slot and question) reuses that answer, since the reader is greedy. A run
+builds every condition's context anew and reuses an answer only for the very same context: a changed probe, profile
+or rag-opt version re-asks exactly the conditions whose context changed, and an interrupted run resumes where it
+stopped (``--report-only`` re-prints and re-plots the saved results). A second process with ``--from-end`` walks the
+questions from the other end on another core; the report covers the questions answered in every condition at every
+slot (``questions_per_slot``, out of ``questions_asked``), with answers checked against this run's contexts
+(``--cached-only`` trusts the cache).
 """
 
 from __future__ import annotations
@@ -67,7 +70,15 @@ from rag_opt.training.reader_calibration import render_search_results as render
 logger = logging.getLogger("bench.litm")
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_READER = "embedded:qwen2.5-coder-0.5b"
-ORDERS = ("input", "lost_in_the_middle", "relevance", "promote_best", "calibrated", "attention_sort")
+ORDERS = (
+    "input",
+    "lost_in_the_middle",
+    "relevance",
+    "promote_best",
+    "promote_clear_best",
+    "calibrated",
+    "attention_sort",
+)
 BASELINE = "input@full"
 GRIDS = {10: (0, 4, 9), 20: (0, 4, 9, 14, 19), 30: (0, 4, 9, 14, 19, 24, 29)}
 
@@ -167,6 +178,15 @@ def _cache_key(signature: str, n_docs: int, slot: int, index: int, cond: str) ->
     return f"{signature}|n{n_docs}|s{slot}|q{index}|{cond}"
 
 
+def _same_context(cache: dict[str, dict[str, Any]], prefix: str, sha: str) -> dict[str, Any] | None:
+    """An answer the reader already gave to this very context (same reader, N, slot and question) under another
+    condition: e.g. ``promote_best`` when the best document already came first gives the input order's context."""
+    for key, row in cache.items():
+        if key.startswith(prefix) and row.get("context_sha") == sha and "same_context_as" not in row:
+            return row
+    return None
+
+
 def _questions(args: argparse.Namespace) -> list[NQExample]:
     path = data_dir() / "nq_multidoc" / "public.jsonl.gz"
     if not path.is_file():
@@ -248,9 +268,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         missing.append(c)
                 if missing:
                     rot = step % len(missing)
+                    prefix = _cache_key(reader.signature, args.n_docs, slot, ex.index, "")
                     for c in missing[rot:] + missing[:rot]:  # a rotating order: noise hits all conditions alike
+                        sha = built[c.key]["context_sha"]
+                        same = _same_context(cache, prefix, sha)  # the greedy reader answers a context once
                         t0 = time.perf_counter()
-                        raw = reader.answer(ex.question, built[c.key]["context"])
+                        raw = same["answer"] if same else reader.answer(ex.question, built[c.key]["context"])
                         row = {
                             "key": keys[c.key],
                             "answer": raw,
@@ -259,7 +282,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                 k: built[c.key][k]
                                 for k in ("context_sha", "gold_at", "n_kept", "tokens", "placement_profile")
                             },
-                            "reader_s": round(time.perf_counter() - t0, 3),
+                            "reader_s": same["reader_s"] if same else round(time.perf_counter() - t0, 3),
+                            **({"same_context_as": same["key"]} if same else {}),
                         }
                         cache[row["key"]] = row
                         checked.add(row["key"])

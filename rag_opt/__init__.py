@@ -15,6 +15,7 @@ from rag_opt.errors import __all__ as _errors_all
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_ORDERING",
     "DEFAULT_RATIO",
     "ORDERING_NAMES",
     "Budget",
@@ -55,6 +56,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.orderers.base import Orderer
     from rag_opt.pipeline import ContextOptimizer
     from rag_opt.types import (
+        DEFAULT_ORDERING,
         DEFAULT_RATIO,
         ORDERING_NAMES,
         Budget,
@@ -69,6 +71,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 _ERRORS = tuple(_errors_all)  # the errors module is tiny: importing it costs nothing
 _TYPES = (
+    "DEFAULT_ORDERING",
     "DEFAULT_RATIO",
     "ORDERING_NAMES",
     "Budget",

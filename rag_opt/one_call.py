@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rag_opt.pipeline import ContextOptimizer
-from rag_opt.types import Budget, DocumentLike, OptimizeResult, OrderingName
+from rag_opt.types import DEFAULT_ORDERING, Budget, DocumentLike, OptimizeResult, OrderingName
 
 __all__ = ["OPTIMIZERS_KEPT", "optimize"]
 
@@ -37,7 +37,7 @@ def optimize(
     ratio: float | None = None,
     target_tokens: int | None = None,
     threshold: float | None = None,
-    ordering: OrderingName | str = "lost_in_the_middle",
+    ordering: OrderingName | str = DEFAULT_ORDERING,
     target: str | None = None,
     model: str | None = None,
     budget: Budget | None = None,

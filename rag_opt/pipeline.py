@@ -31,6 +31,7 @@ from rag_opt.text.titles import DEFAULT_TITLE_KEYS, check_title_keys
 from rag_opt.text.tokens import TokenCounter, get_token_counter, target_key
 from rag_opt.text.units import UnitTable
 from rag_opt.types import (
+    DEFAULT_ORDERING,
     DEFAULT_RATIO,
     Budget,
     Document,
@@ -66,10 +67,12 @@ class ContextOptimizer:
         target_tokens: the default budget as a number of target tokens.
         threshold: the default budget as a relevance probability: keep the sentences scoring at least this.
         budget: the default budget as a :class:`~rag_opt.types.Budget`.
-        ordering: ``lost_in_the_middle`` (end placement: the best document first, the second best last, and so on
-            toward the middle; the default, chosen by ``benchmarks/litm.py``, docs/reordering.md), ``relevance``
-            (best first, the rest by descending relevance), ``promote_best`` (the best document first, the rest in
-            input order), ``input`` (keep), ``calibrated`` (best into the slots
+        ordering: ``promote_clear_best`` (the default, chosen by ``benchmarks/litm.py``, docs/reordering.md: the
+            best document moves to the front only when the first document's relevance is at most 1/20 of its, the
+            rest keep their input order), ``lost_in_the_middle`` (end placement: the best document first, the
+            second best last, and so on toward the middle), ``relevance`` (best first, the rest by descending
+            relevance), ``promote_best`` (the best document first, the rest in input order), ``input`` (keep),
+            ``calibrated`` (best into the slots
             the proxy attends to most, from its calibration profile) or ``attention_sort`` (the proxy's attention
             sorts the kept documents, 2 rounds: extra forward passes).
             Document relevance is position-calibrated when a profile exists (``result.calibrated``).
@@ -129,7 +132,7 @@ class ContextOptimizer:
         target_tokens: int | None = None,
         threshold: float | None = None,
         budget: Budget | None = None,
-        ordering: OrderingName | str = "lost_in_the_middle",
+        ordering: OrderingName | str = DEFAULT_ORDERING,
         probe: str | None = "auto",
         keep_best_per_doc: bool = False,
         keep_first: bool = False,

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rag_opt.errors import InvalidInputError, InvalidInputTypeError
 
 __all__ = [
+    "DEFAULT_ORDERING",
     "DEFAULT_RATIO",
     "ORDERING_NAMES",
     "Budget",
@@ -32,12 +33,19 @@ __all__ = [
 
 UnitKind = Literal["title", "sentence", "heading", "list_item", "code", "table", "json"]
 
-OrderingName = Literal["input", "lost_in_the_middle", "relevance", "promote_best", "calibrated", "attention_sort"]
+OrderingName = Literal[
+    "input", "lost_in_the_middle", "relevance", "promote_best", "promote_clear_best", "calibrated", "attention_sort"
+]
 """How kept documents are ordered: ``input`` (unchanged), ``lost_in_the_middle`` (best at both ends),
 ``relevance`` (best first), ``promote_best`` (the best document moves to the front, the others keep their
-input order), ``calibrated`` (best into the slots the proxy attends to most) or ``attention_sort`` (the
+input order), ``promote_clear_best`` (the same, only when the first document's relevance is at most 1/20 of the
+best's), ``calibrated`` (best into the slots the proxy attends to most) or ``attention_sort`` (the
 proxy's attention sorts them)."""
 ORDERING_NAMES: tuple[str, ...] = get_args(OrderingName)
+DEFAULT_ORDERING: OrderingName = "promote_clear_best"
+"""The ordering used when none is given, in the library, the CLI, the proxy, the sidecar and the gateway: of the
+orderings never worse than the retriever's order at any gold slot, the one that helped the embedded reader most
+(``benchmarks/litm.py``, docs/reordering.md, "The default")."""
 
 Tier = Literal["model", "lexical"]
 """Which scorer runs: ``model`` (the proxy model's attention, or the scorer given) or ``lexical`` (the lexical
@@ -277,7 +285,7 @@ class OptimizeResult(BaseModel):
         default=False,
         description="document scores are position-calibrated (document probe over calibrated attention)",
     )
-    ordering: OrderingName = "lost_in_the_middle"
+    ordering: OrderingName = DEFAULT_ORDERING
     placement_profile: str | None = Field(
         default=None,
         description="calibrated ordering: the profile that placed the documents (the reader's, else the proxy's; "

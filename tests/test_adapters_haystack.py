@@ -181,7 +181,7 @@ def test_pipeline_order_is_rag_opts(sync_run: tuple[Pipeline, dict[str, Any]], q
     compressed = out["compressor"]["documents"]
     assert [(d.id, d.text) for d in direct.documents] == [(d.id, d.content) for d in compressed]
     assert [d.index for d in direct.documents] == [d.meta[METADATA_KEY]["index"] for d in compressed]
-    assert direct.ordering == "lost_in_the_middle"
+    assert direct.ordering == "lost_in_the_middle"  # SETTINGS' ordering, not the default
 
 
 @pytest.mark.model

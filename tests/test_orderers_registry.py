@@ -25,13 +25,14 @@ def test_every_ordering_name_has_exactly_one_registered_orderer() -> None:
 
 def test_model_free_orderers_follow_the_protocol() -> None:
     items = [OrderItem(f"doc {i}", r) for i, r in enumerate([0.2, 0.9, 0.5, 0.1])]
-    names = ("input", "relevance", "lost_in_the_middle", "promote_best")
+    names = ("input", "relevance", "lost_in_the_middle", "promote_best", "promote_clear_best")
     got = {n: make_orderer(n, _resources()) for n in names}
     assert all(isinstance(o, Orderer) for o in got.values())
     assert got["input"].order("q", items).permutation == [0, 1, 2, 3]
     assert got["relevance"].order("q", items).permutation == [1, 2, 0, 3]
     assert got["lost_in_the_middle"].order("q", items).permutation == [1, 0, 3, 2]
     assert got["promote_best"].order("q", items).permutation == [1, 0, 2, 3]
+    assert got["promote_clear_best"].order("q", items).permutation == [0, 1, 2, 3]  # 0.2 > 1/20 of 0.9
 
 
 def test_promote_best_moves_only_the_best_document() -> None:
@@ -46,6 +47,35 @@ def test_promote_best_moves_only_the_best_document() -> None:
     assert perm([0.4]) == [0] and perm([]) == []
     with pytest.raises(InvalidInputError, match=r"scores\[1\] must be finite"):
         perm([0.4, float("nan"), 0.2])
+
+
+def test_promote_clear_best_moves_the_best_document_only_when_the_first_is_far_below_it() -> None:
+    from rag_opt.orderers import PromoteClearBest
+    from rag_opt.orderers.simple import CLEAR_BEST_SHARE
+
+    clear = make_orderer("promote_clear_best", _resources())
+    assert isinstance(clear, PromoteClearBest) and clear.share == CLEAR_BEST_SHARE == 0.05
+
+    def perm(relevance: list[float], share: float = 0.2) -> list[int]:
+        items = [OrderItem(f"doc {i}", r) for i, r in enumerate(relevance)]
+        return PromoteClearBest(share).order("q", items).permutation
+
+    assert perm([0.1, 0.5, 0.3, 0.9]) == [3, 0, 1, 2]  # 0.1 <= 0.2 * 0.9: promoted, the others in input order
+    assert perm([0.2, 0.5, 0.3, 0.9]) == [0, 1, 2, 3]  # 0.2 > 0.18: the first is close enough, left as it came
+    assert make_orderer("promote_clear_best", _resources()).order(
+        "q", [OrderItem("a", 0.04), OrderItem("b", 0.9)]
+    ).permutation == [1, 0]  # the default share: 0.04 <= 0.045
+    assert perm([0.18, 0.9]) == [1, 0]  # exactly the share: promoted
+    assert perm([0.9, 0.1, 0.95], share=1.0) == [2, 0, 1]  # share 1 is promote_best
+    assert perm([0.0, 0.0]) == [0, 1] and perm([0.7]) == [0] and perm([]) == []
+    # below zero, measured from the lowest score: -9 is at 0.1 of the way from -10 to 0 (the best)
+    assert perm([-9.0, 0.0, -10.0]) == [1, 0, 2]
+    assert perm([-5.0, 0.0, -10.0]) == [0, 1, 2]
+    with pytest.raises(InvalidInputError, match=r"scores\[2\] must be finite"):
+        perm([0.4, 0.1, float("inf")])
+    for bad in (-0.1, 1.5, True, "0.2"):
+        with pytest.raises(InvalidInputError, match="share must be a number in"):
+            PromoteClearBest(bad)  # type: ignore[arg-type]
 
 
 def test_orderers_that_need_the_proxy_model_say_so_when_it_is_missing() -> None:

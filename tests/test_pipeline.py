@@ -91,14 +91,22 @@ def test_optimize_real_hotpotqa_question():
     assert r.token_budget is not None and r.tokens_after <= r.token_budget
     assert r.tokens_after >= 0.8 * r.token_budget  # the budget is filled, not just respected
     assert r.tokens_before == sum(counter.count(f"{d['title']}\n") + counter.count(d["text"]) for d in docs)
-    # the default ordering (end placement): the most relevant document first, the second last, the third second,
-    # ... toward the middle
-    assert r.ordering == "lost_in_the_middle"
-    scores = [d.score for d in r.documents]
-    assert all(s is not None for s in scores) and len(scores) >= 3
-    ranked = sorted(scores, reverse=True)  # type: ignore[type-var]
-    slots = [k // 2 if k % 2 == 0 else len(scores) - 1 - k // 2 for k in range(len(scores))]
-    assert [scores[slot] for slot in slots] == ranked
+    # the default ordering (promote_clear_best): the kept documents in input order, except that the most relevant
+    # one moves to the front when the first one's relevance is at most 1/20 of its
+    assert r.ordering == "promote_clear_best"
+    scores = {d.index: d.score for d in r.documents}
+    assert all(s is not None for s in scores.values()) and len(scores) >= 3
+    kept = sorted(scores)
+    best = max(kept, key=lambda i: (scores[i], -i))
+    clear = scores[kept[0]] <= 0.05 * scores[best]  # type: ignore[operator]
+    assert [d.index for d in r.documents] == ([best, *(i for i in kept if i != best)] if clear else kept)
+    # end placement: the most relevant document first, the second last, the third second, ... toward the middle
+    ends = rag_opt.optimize(ex["question"], docs, ratio=1 / 3, ordering="lost_in_the_middle")
+    assert ends.ordering == "lost_in_the_middle" and {d.index for d in ends.documents} == set(kept)
+    placed = [d.score for d in ends.documents]
+    ranked = sorted(placed, reverse=True)  # type: ignore[type-var]
+    slots = [k // 2 if k % 2 == 0 else len(placed) - 1 - k // 2 for k in range(len(placed))]
+    assert [placed[slot] for slot in slots] == ranked
     by_id = {d["id"]: d for d in docs}
     for out in r.documents:
         src = by_id[out.id]

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from rag_opt.errors import ConfigurationError, InvalidInputError, RagOptError, WorkLimitExceeded
+from rag_opt.types import DEFAULT_ORDERING
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.server.documents import ContextPlan
@@ -74,7 +75,7 @@ class GatewaySettings(BaseModel):
     ratio: float | None = Field(default=None, description="fraction of context tokens to keep (default 0.5)")
     target_tokens: int | None = Field(default=None, description="context tokens to keep")
     threshold: float | None = Field(default=None, description="keep units at least this likely relevant")
-    ordering: str = Field(default="lost_in_the_middle", description="document ordering")
+    ordering: str = Field(default=DEFAULT_ORDERING, description="document ordering")
     target: str | None = Field(default=None, description="tokenizer of the upstream LLM: budgets count in it")
     language: str | None = Field(default=None, description="ISO 639 code of the documents' language")
     tier: Literal["auto", "model", "lexical"] = Field(default="auto", description="the scoring tier")

@@ -100,8 +100,9 @@ class RagOptDocumentCompressor:
     Args:
         ratio / target_tokens / threshold: the budget (at most one; none = the optimizer's, by default
             ``ratio=0.5``); ``run`` may override it per call.
-        ordering: document ordering (``input``, ``lost_in_the_middle``, ``relevance``, ``promote_best``,
-            ``calibrated``, ``attention_sort``; None = the optimizer's); ``run`` may override it per call.
+        ordering: document ordering (``input``, ``promote_clear_best``, ``lost_in_the_middle``, ``relevance``,
+            ``promote_best``, ``calibrated``, ``attention_sort``; None = the optimizer's); ``run`` may override it
+            per call.
         metadata_key: where rag-opt's scores and kept offsets go in each output document's ``meta``.
         optimizer: a ready :class:`~rag_opt.ContextOptimizer` (the component then cannot be serialised).
         **options: instead of ``optimizer``, any :class:`~rag_opt.ContextOptimizer` option (``model``,

@@ -11,7 +11,7 @@ from typing import Any
 
 from rag_opt.errors import RagOptError
 from rag_opt.models.prompt import DEFAULT_ENCODING, ENCODINGS
-from rag_opt.types import DEFAULT_RATIO, ORDERING_NAMES, TIERS, Budget
+from rag_opt.types import DEFAULT_ORDERING, DEFAULT_RATIO, ORDERING_NAMES, TIERS, Budget
 
 __all__ = [
     "UserError",
@@ -123,9 +123,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>")
     p.add_argument(
         "--ordering",
-        default="lost_in_the_middle",
+        default=DEFAULT_ORDERING,
         choices=ORDERING_NAMES,
-        help="document ordering (default: lost_in_the_middle)",
+        help=f"document ordering (default: {DEFAULT_ORDERING})",
     )
     p.add_argument("--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
     p.add_argument(

@@ -23,6 +23,7 @@ __all__ = [
     "PositionProfile",
     "ProfileStore",
     "PromoteBest",
+    "PromoteClearBest",
     "RelevanceOrder",
     "end_placement",
     "make_orderer",
@@ -47,7 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.orderers.calibrated import CalibratedPlacement, placement, resample_slots, slot_attention_for
     from rag_opt.orderers.lost_in_the_middle import LostInTheMiddle, end_placement, rank_scores
     from rag_opt.orderers.profiles import PositionProfile, ProfileStore
-    from rag_opt.orderers.simple import InputOrder, PromoteBest, RelevanceOrder
+    from rag_opt.orderers.simple import InputOrder, PromoteBest, PromoteClearBest, RelevanceOrder
 
 __getattr__, __dir__ = lazy_module(
     __name__,
@@ -71,6 +72,7 @@ __getattr__, __dir__ = lazy_module(
         "ProfileStore": "rag_opt.orderers.profiles",
         "InputOrder": "rag_opt.orderers.simple",
         "PromoteBest": "rag_opt.orderers.simple",
+        "PromoteClearBest": "rag_opt.orderers.simple",
         "RelevanceOrder": "rag_opt.orderers.simple",
     },
 )

@@ -30,7 +30,7 @@ from rag_opt.models.encoding_cache import DEFAULT_CACHE_BYTES
 from rag_opt.models.prompt import DEFAULT_ENCODING, ENCODINGS, template_for
 from rag_opt.text.language import check_language
 from rag_opt.text.titles import DEFAULT_TITLE_KEYS
-from rag_opt.types import DEFAULT_RATIO, ORDERING_NAMES, Budget, check_ordering
+from rag_opt.types import DEFAULT_ORDERING, DEFAULT_RATIO, ORDERING_NAMES, Budget, check_ordering
 
 __all__ = [
     "BUDGET_FIELDS",
@@ -111,7 +111,7 @@ class ProxySettings(BaseModel):
     threshold: float | None = Field(
         default=None, ge=0, le=1, description="keep sentences whose relevance probability is >= this"
     )
-    ordering: str = Field(default="lost_in_the_middle", description=f"document ordering: {', '.join(ORDERING_NAMES)}")
+    ordering: str = Field(default=DEFAULT_ORDERING, description=f"document ordering: {', '.join(ORDERING_NAMES)}")
     drop_below_best: float | None = Field(
         default=None,
         gt=0,
