@@ -68,7 +68,7 @@ class ContextOptimizer:
         threshold: the default budget as a relevance probability: keep the sentences scoring at least this.
         budget: the default budget as a :class:`~rag_opt.types.Budget`.
         ordering: ``promote_clear_best`` (the default, chosen by ``benchmarks/litm.py``, docs/reordering.md: the
-            best document moves to the front only when the first document's relevance is at most 1/20 of its, the
+            best document moves to the front only when the first document's relevance is at most 1/20 of the best's, the
             rest keep their input order), ``lost_in_the_middle`` (end placement: the best document first, the
             second best last, and so on toward the middle), ``relevance`` (best first, the rest by descending
             relevance), ``promote_best`` (the best document first, the rest in input order), ``input`` (keep),

@@ -29,6 +29,11 @@ def _best(relevance: Sequence[float]) -> int:
     return min(range(len(relevance)), key=lambda j: (-relevance[j], j))
 
 
+def _promoted(best: int, n: int) -> Ordering:
+    """Document ``best`` first, the other ``n - 1`` in input order."""
+    return Ordering([best, *(j for j in range(n) if j != best)])
+
+
 @register_orderer
 class InputOrder:
     """Documents stay in their input order."""
@@ -80,8 +85,7 @@ class PromoteBest:
         relevance = checked_scores([d.relevance for d in documents])
         if not relevance:
             return Ordering([])
-        best = _best(relevance)
-        return Ordering([best, *(j for j in range(len(relevance)) if j != best)])
+        return _promoted(_best(relevance), len(relevance))
 
 
 @register_orderer
@@ -119,4 +123,4 @@ class PromoteClearBest:
         low = min(0.0, *relevance)
         if best == 0 or relevance[0] - low > self.share * (relevance[best] - low):
             return keep
-        return Ordering([best, *(j for j in range(len(relevance)) if j != best)])
+        return _promoted(best, len(relevance))
