@@ -96,7 +96,7 @@ def test_a_document_encoding_does_not_depend_on_its_neighbours(proxy):
     p2 = parallel_prompt(proxy.tokenizer, others, "another question?", max_block_tokens=4096)
     assert p1.blocks[0].ids == p2.blocks[3].ids
     _, s1 = encode_blocks(proxy, p1.prefix, [p1.blocks[0].ids], 3)
-    _, s2 = encode_blocks(proxy, p2.prefix, [b.ids for b in p2.blocks], 3)  # batched with the others, padded
+    _, s2 = encode_blocks(proxy, p2.prefix, [b.ids for b in p2.blocks], 3)  # packed with the others in one row
     np.testing.assert_allclose(s1[0].numpy(), s2[3].numpy(), rtol=1e-4, atol=1e-5)
     joint_alone = _joint_states(proxy, p1.prefix, p1.blocks[0].ids)
     np.testing.assert_allclose(s1[0].numpy(), joint_alone, rtol=1e-4, atol=1e-5)
@@ -352,6 +352,82 @@ def test_a_question_pass_over_the_same_documents_reuses_their_assembled_states(p
     extract(proxy, docs, "why " * (parallel.QUESTION_ROOM + 8), layers=4, encoding="parallel", cache=cache)
     extract(proxy, _docs(c, 2), c["question"], layers=4, encoding="parallel", cache=cache)
     assert len(proxy.question_buffers) == parallel.ASSEMBLED_KEEP
+
+
+def test_a_pass_over_new_documents_reuses_the_evicted_buffers_memory_and_reads_what_a_fresh_one_gives(proxy):
+    """A one-row pass over other documents writes into the memory of the buffer it evicts (no fresh allocation's
+    page faults) and reads exactly what a freshly allocated buffer gives, shorter or longer than the last."""
+    from rag_opt.models import parallel
+    from rag_opt.models.encoding_cache import EncodingCache
+    from rag_opt.models.extract import extract
+
+    a, b = hotpot_dev(2)
+    long_docs, short_docs = _docs(a, 5), _docs(b, 2)
+    cache = EncodingCache()
+    proxy.question_buffers.clear()
+    fresh_short = extract(proxy, short_docs, b["question"], layers=4, encoding="parallel", cache=cache)
+    proxy.question_buffers.clear()
+    fresh_long = extract(proxy, long_docs, a["question"], layers=4, encoding="parallel", cache=cache)
+    (long_buf,) = [entry.buf for entry in proxy.question_buffers.values()]
+    reused_short = extract(proxy, short_docs, b["question"], layers=4, encoding="parallel", cache=cache)
+    (short_buf,) = [entry.buf for entry in proxy.question_buffers.values()]
+    assert short_buf.untyped_storage().data_ptr() == long_buf.untyped_storage().data_ptr()
+    assert short_buf.numel() < long_buf.numel()
+    np.testing.assert_array_equal(reused_short.unit, fresh_short.unit)
+    np.testing.assert_array_equal(reused_short.doc_mass, fresh_short.doc_mass)
+    # back to the longer set: the whole storage is reused again, not the shorter view of it
+    reused_long = extract(proxy, long_docs, a["question"], layers=4, encoding="parallel", cache=cache)
+    (again,) = [entry.buf for entry in proxy.question_buffers.values()]
+    assert again.untyped_storage().data_ptr() == long_buf.untyped_storage().data_ptr()
+    np.testing.assert_array_equal(reused_long.unit, fresh_long.unit)
+    assert len(proxy.question_buffers) == parallel.ASSEMBLED_KEEP
+
+
+def test_a_packed_document_pass_makes_no_mask_over_its_row(proxy, monkeypatch):
+    """Blocks packed in one row read only themselves through the attention function, so transformers is given
+    no packed-sequence mask to build (it would be T x T over the whole row)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    from rag_opt.models import capture
+    from rag_opt.models.document_pass import encode_blocks
+    from rag_opt.models.parallel import parallel_prompt
+
+    made: list[object] = []
+    real = capture._rows_mask
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        made.append(out)
+        return out
+
+    monkeypatch.setitem(ALL_MASK_ATTENTION_FUNCTIONS._global_mapping, capture.ATTN_IMPLEMENTATION, spy)
+    a = hotpot_dev(1)[0]
+    prompt = parallel_prompt(proxy.tokenizer, _docs(a, 4), a["question"], max_block_tokens=4096)
+    _, states = encode_blocks(proxy, prompt.prefix, [b.ids for b in prompt.blocks], 2)
+    assert made and all(m is None for m in made)
+    assert [s.shape[3] for s in states] == [len(b.ids) for b in prompt.blocks]
+
+
+def test_blocks_split_over_several_packed_passes_keep_their_order_states_and_sources(proxy, monkeypatch):
+    """However many passes the blocks are packed into (a pass holds at most PASS_TOKENS tokens), every block gets
+    its own states and its sources' query states, in the order given."""
+    from rag_opt.models import document_pass
+    from rag_opt.models.parallel import parallel_prompt
+
+    a = hotpot_dev(1)[0]
+    prompt = parallel_prompt(proxy.tokenizer, _docs(a, 5), a["question"], max_block_tokens=4096)
+    ids = [b.ids for b in prompt.blocks][::-1]  # not sorted by length
+    ends = [b.ends for b in prompt.blocks][::-1]
+    pre1, one, q1 = document_pass.encode_blocks_with_sources(proxy, prompt.prefix, ids, ends, 3)
+    monkeypatch.setattr(document_pass, "PASS_TOKENS", max(len(x) for x in ids) + len(prompt.prefix))
+    pre2, split, q2 = document_pass.encode_blocks_with_sources(proxy, prompt.prefix, ids, ends, 3)
+    assert sum(len(x) + len(prompt.prefix) for x in ids) > document_pass.PASS_TOKENS  # several passes
+    np.testing.assert_allclose(pre1.float().numpy(), pre2.float().numpy(), rtol=1e-2, atol=1e-2)
+    for blk, e, s1, s2, a1, a2 in zip(ids, ends, one, split, q1, q2, strict=True):
+        assert s1.shape == s2.shape == (2, 3, s1.shape[2], len(blk), s1.shape[4])
+        assert a1.shape == a2.shape and a1.shape[2] == len(e)
+        np.testing.assert_allclose(s1.float().numpy(), s2.float().numpy(), rtol=1e-2, atol=1e-2)
+        np.testing.assert_allclose(a1.float().numpy(), a2.float().numpy(), rtol=1e-2, atol=1e-2)
 
 
 def test_a_one_row_question_pass_reads_its_states_in_float32_exactly_as_converted_per_layer(monkeypatch):

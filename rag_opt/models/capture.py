@@ -79,6 +79,9 @@ class Capture:
     # token positions to keep (``keep_q``), and per layer, per row, their queries (heads, rows, head_dim) in ``q``
     keep_q: list[torch.Tensor] | None = None
     q: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+    # a packed document pass (rag_opt.models.document_pass): batch row 0 holds several sequences one after the
+    # other, each [start, end) attending causally to itself only (no mask is made: see _rows_mask)
+    segments: list[tuple[int, int]] | None = None
     sums: dict[int, list[torch.Tensor]] = field(default_factory=dict)  # layer -> per item (views, heads, units)
     # layer -> per item (heads, units): sum over the unit's sources of (attention on the unit × source prefix), or
     # None for an item without sources
@@ -124,10 +127,39 @@ def _rows_attention(
         layer = _record(capture, module, query, key, scaling)
         if capture.stop_after is not None and layer >= capture.stop_after:
             raise StopForward
+        if capture.segments is not None:
+            return _segment_attention(capture.segments, query, key, value, scaling), None
     out: tuple[torch.Tensor, None] = sdpa_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
     )
     return out
+
+
+def _segment_attention(
+    segments: list[tuple[int, int]], query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float | None
+) -> torch.Tensor:
+    """A packed pass's attention: each segment of row 0 causally over itself only, SDPA's causal path per segment
+    (no ``T x T`` mask over the packed row). Returns ``(1, T, H, d)`` like transformers' SDPA function."""
+    import torch
+
+    gqa = key.shape[1] != query.shape[1]
+    out = torch.empty_like(query)
+    for s, e in segments:
+        out[:, :, s:e] = torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], is_causal=True, scale=scaling, enable_gqa=gqa
+        )
+    return out.transpose(1, 2).contiguous()
+
+
+def _rows_mask(*args: Any, **kwargs: Any) -> Any:
+    """transformers' SDPA mask, except in a packed document pass, whose attention needs none (its restarting
+    position ids would otherwise make a ``T x T`` packed-sequence mask)."""
+    from transformers.masking_utils import sdpa_mask
+
+    capture = _ACTIVE.get()
+    if capture is not None and capture.segments is not None:
+        return None
+    return sdpa_mask(*args, **kwargs)
 
 
 def _question_attention(
@@ -311,10 +343,10 @@ def register_attention() -> None:
         if _registered:
             return
         from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+        from transformers.masking_utils import AttentionMaskInterface
 
         AttentionInterface.register(ATTN_IMPLEMENTATION, _rows_attention)
-        AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+        AttentionMaskInterface.register(ATTN_IMPLEMENTATION, _rows_mask)
         _registered = True
 
 

@@ -1,9 +1,13 @@
 """Document passes of parallel encoding: ``prefix + block`` through the proxy, keeping each layer's key/value states.
 
 A block's states depend on nothing but the shared prefix and its own tokens (:mod:`rag_opt.models.parallel`),
-so blocks of any contexts can share a forward pass: they are sorted by length and right-padded into batches of
-at most ``batch_tokens`` tokens and of about one length (causal attention: no real token reads the padding after
-it, and SDPA keeps its fast causal path). The forward pass stops after the last layer needed.
+so blocks of any contexts can share a forward pass. They are *packed*: ``prefix + block`` for each block, one
+after the other in one batch row of at most ``batch_tokens`` and :data:`PASS_TOKENS` tokens, with position ids
+that restart for each, and an attention that reads each sequence causally over itself only (SDPA's causal path
+per sequence: :attr:`rag_opt.models.capture.Capture.segments`; no ``T x T`` mask is made). No token is padding,
+and the linear layers see long rows, which a CPU runs faster per token than short ones (bf16, one thread: 0.8 us
+a token for 1,800 tokens against 1.1-2.3 us for the 65-230-token batches of length-sorted padding this
+replaced). The forward pass stops after the last layer needed.
 """
 
 from __future__ import annotations
@@ -19,7 +23,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from rag_opt.models.loader import ProxyModel
 
-__all__ = ["encode_blocks", "encode_blocks_with_sources"]
+__all__ = ["PASS_TOKENS", "encode_blocks", "encode_blocks_with_sources"]
+
+# the most tokens one packed pass holds (at most ``batch_tokens``): a longer row runs its elementwise layers
+# (norms, rotary embeddings, the MLP's gating) on activations that no longer fit the CPU's caches. Cold requests,
+# one thread, bf16, per-question medians against passes of 2,048 tokens (benchmarks/ablations/packed_pass.py,
+# interleaved): at 40 HotpotQA paragraphs (~5,500 tokens) 1,536 tokens 1.03x the time, 3,072 1.01x, 6,144 (one
+# pass) 1.20x, the length-sorted padded batches this replaced 1.18x; at 10 paragraphs (one pass) padded 1.34x
+PASS_TOKENS = 2048
 
 
 def encode_blocks(
@@ -64,32 +75,26 @@ def _encode(
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor] | None]:
     if not blocks:
         raise ValueError("no blocks to encode")
-    order = sorted(range(len(blocks)), key=lambda i: len(blocks[i]))
-    out: list[torch.Tensor | None] = [None] * len(blocks)
-    queries: list[torch.Tensor | None] = [None] * len(blocks)
+    out: list[torch.Tensor] = []
+    queries: list[torch.Tensor] = []
     prefix_states: torch.Tensor | None = None
     batch: list[int] = []
     p = len(prefix)
-    for i in [*order, -1]:
-        width = p + len(blocks[i]) if i >= 0 else 0
-        # a batch holds blocks of about one length: on a CPU a forward pass costs about the same per token at any
-        # batch size, so padding is pure waste (sorted by length, a new batch starts past 1.2x the shortest)
-        if batch and (
-            i < 0 or width * (len(batch) + 1) > batch_tokens or width > 1.2 * (p + len(blocks[batch[0]])) + 8
-        ):
+    limit = min(batch_tokens, PASS_TOKENS)
+    for i in [*range(len(blocks)), -1]:
+        # a pass packs whole sequences up to ``limit`` tokens (a longer one has a pass of its own)
+        if batch and (i < 0 or sum(p + len(blocks[j]) for j in batch) + p + len(blocks[i]) > limit):
             checkpoint()  # between forward passes: stop here if the caller gave up (rag_opt.work)
             rows = None if sources is None else [sources[j] for j in batch]
             pre, states, qs = _run(proxy, prefix, [blocks[j] for j in batch], depth, rows)
             prefix_states = pre if prefix_states is None else prefix_states
-            for k, (j, s) in enumerate(zip(batch, states, strict=True)):
-                out[j] = s
-                queries[j] = None if qs is None else qs[k]
+            out.extend(states)
+            queries.extend(qs or [])
             batch = []
         if i >= 0:
             batch.append(i)
-    assert prefix_states is not None and all(s is not None for s in out)
-    kept = None if sources is None else [q for q in queries if q is not None]
-    return prefix_states, [s for s in out if s is not None], kept
+    assert prefix_states is not None and len(out) == len(blocks)
+    return prefix_states, out, None if sources is None else queries
 
 
 def _run(
@@ -99,23 +104,35 @@ def _run(
     depth: int,
     sources: Sequence[Sequence[int]] | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor] | None]:
+    """One packed forward pass of ``prefix + block`` for every block (one batch row, no padding)."""
     import torch
 
     dev = proxy.device
     p = len(prefix)
-    width = p + max(len(b) for b in blocks)
-    pad = proxy.tokenizer.pad_token_id
-    pad = pad if pad is not None else proxy.tokenizer.eos_token_id or 0
-    ids = torch.tensor([[*prefix, *b] + [pad] * (width - p - len(b)) for b in blocks], device=dev)
-    capture = Capture(items=[], stop_after=depth - 1 if depth < proxy.num_layers else None, keep_kv=True)
-    if sources is not None:  # positions in the pass: after the prefix
-        capture.keep_q = [torch.tensor([p + i for i in rows], dtype=torch.long, device=dev) for rows in sources]
+    segments: list[tuple[int, int]] = []
+    ids: list[int] = []
+    positions: list[int] = []
+    for b in blocks:
+        segments.append((len(ids), len(ids) + p + len(b)))
+        ids += [*prefix, *b]
+        positions += range(p + len(b))
+    capture = Capture(
+        items=[], stop_after=depth - 1 if depth < proxy.num_layers else None, keep_kv=True, segments=segments
+    )
+    if sources is not None:  # positions in the packed row: after each sequence's prefix
+        capture.keep_q = [
+            torch.tensor([s + p + i for (s, _), rows in zip(segments, sources, strict=True) for i in rows], device=dev)
+        ]
     base = getattr(proxy.model, "model", None) or proxy.model.base_model
     with capturing(capture), proxy.lock, torch.inference_mode():
         if dev == "cpu":
             proxy.threads.apply()
         try:
-            base(input_ids=ids, use_cache=False)
+            base(
+                input_ids=torch.tensor([ids], device=dev),
+                position_ids=torch.tensor([positions], device=dev),
+                use_cache=False,
+            )
         except StopForward:
             pass
         if len(capture.kv) < depth:
@@ -123,13 +140,13 @@ def _run(
                 f"captured key/value states from {len(capture.kv)} of {depth} layers: the proxy model's attention "
                 "does not dispatch through transformers' AttentionInterface"
             )
-        keys = torch.stack([capture.kv[layer][0] for layer in range(depth)], dim=1)  # (B, L, KVH, T, d)
-        values = torch.stack([capture.kv[layer][1] for layer in range(depth)], dim=1)
-        both = torch.stack([keys, values], dim=1).cpu()  # (B, 2, L, KVH, T, d)
+        keys = torch.stack([capture.kv[layer][0][0] for layer in range(depth)])  # (L, KVH, T, d)
+        values = torch.stack([capture.kv[layer][1][0] for layer in range(depth)])
+        both = torch.stack([keys, values]).cpu()  # (2, L, KVH, T, d)
         queries = None
         if sources is not None:
-            queries = [
-                torch.stack([capture.q[layer][b] for layer in range(depth)]).cpu().clone() for b in range(len(blocks))
-            ]  # per block (L, H, S, d)
-    prefix_states = both[0, :, :, :, :p].clone()
-    return prefix_states, [both[b, :, :, :, p : p + len(blk)].clone() for b, blk in enumerate(blocks)], queries
+            kept = torch.stack([capture.q[layer][0] for layer in range(depth)]).cpu()  # (L, H, all sources, d)
+            counts = [len(rows) for rows in sources]
+            queries = [part.clone() for part in torch.split(kept, counts, dim=2)]  # per block (L, H, S, d)
+    prefix_states = both[:, :, :, :p].clone()
+    return prefix_states, [both[:, :, :, s + p : e].clone() for s, e in segments], queries
