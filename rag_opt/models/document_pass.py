@@ -121,7 +121,11 @@ def _run(
     )
     if sources is not None:  # positions in the packed row: after each sequence's prefix
         capture.keep_q = [
-            torch.tensor([s + p + i for (s, _), rows in zip(segments, sources, strict=True) for i in rows], device=dev)
+            torch.tensor(
+                [s + p + i for (s, _), rows in zip(segments, sources, strict=True) for i in rows],
+                dtype=torch.long,
+                device=dev,
+            )
         ]
     base = getattr(proxy.model, "model", None) or proxy.model.base_model
     with capturing(capture), proxy.lock, torch.inference_mode():
