@@ -428,6 +428,9 @@ def test_blocks_split_over_several_packed_passes_keep_their_order_states_and_sou
         assert a1.shape == a2.shape and a1.shape[2] == len(e)
         np.testing.assert_allclose(s1.float().numpy(), s2.float().numpy(), rtol=1e-2, atol=1e-2)
         np.testing.assert_allclose(a1.float().numpy(), a2.float().numpy(), rtol=1e-2, atol=1e-2)
+    # blocks without a source read nothing for it (an empty query tensor each), alone or with others
+    _, _, none = document_pass.encode_blocks_with_sources(proxy, prompt.prefix, ids[:2], [(), ()], 3)
+    assert [q.shape[2] for q in none] == [0, 0]
 
 
 def test_a_one_row_question_pass_reads_its_states_in_float32_exactly_as_converted_per_layer(monkeypatch):
