@@ -49,6 +49,19 @@ def test_promote_best_moves_only_the_best_document() -> None:
         perm([0.4, float("nan"), 0.2])
 
 
+def test_relevance_order_sorts_ties_in_input_order_and_refuses_non_finite_relevance() -> None:
+    by_relevance = make_orderer("relevance", _resources())
+
+    def perm(relevance: list[float]) -> list[int]:
+        return by_relevance.order("q", [OrderItem(f"doc {i}", r) for i, r in enumerate(relevance)]).permutation
+
+    assert perm([0.3, 0.8, 0.3, 0.9]) == [3, 1, 0, 2]
+    assert perm([-2.0, 5, -1.5]) == [1, 2, 0] and perm([]) == []
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        with pytest.raises(InvalidInputError, match=r"scores\[1\] must be finite"):
+            perm([0.4, bad, 0.2])
+
+
 def test_promote_clear_best_moves_the_best_document_only_when_the_first_is_far_below_it() -> None:
     from rag_opt.orderers import PromoteClearBest
     from rag_opt.orderers.simple import CLEAR_BEST_SHARE

@@ -61,7 +61,10 @@ class RelevanceOrder:
         return cls()
 
     def order(self, query: str, documents: Sequence[OrderItem]) -> Ordering:
-        return Ordering(sorted(range(len(documents)), key=lambda j: (-documents[j].relevance, j)))
+        """Descending relevance, ties in input order; raises when a relevance is not finite (NaN would sort
+        anywhere)."""
+        relevance = checked_scores([d.relevance for d in documents])
+        return Ordering(sorted(range(len(relevance)), key=lambda j: (-relevance[j], j)))
 
 
 @register_orderer
