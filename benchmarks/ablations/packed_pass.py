@@ -124,20 +124,16 @@ def _padded_run(
     return prefix_states, [both[b, :, :, :, p : p + len(blk)].clone() for b, blk in enumerate(blocks)], queries
 
 
-def per_document_encode(
-    proxy: ProxyModel,
-    prefix: Sequence[int],
-    blocks: Sequence[Sequence[int]],
-    depth: int,
-    batch_tokens: int,
-    sources: Sequence[Sequence[int]] | None,
-) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor] | None]:
-    return SHIPPED(proxy, prefix, blocks, depth, 1, sources)
-
-
 SHIPPED = document_pass._encode
 SHIPPED_PASS_TOKENS = document_pass.PASS_TOKENS
-ENCODERS = {"packed": SHIPPED, "padded": padded_encode, "per_document": per_document_encode}
+ENCODERS = {
+    "packed": SHIPPED,
+    "padded": padded_encode,
+    # one pass per document: a pass limit of one token puts every block in a pass of its own
+    "per_document": lambda proxy, prefix, blocks, depth, _tokens, sources: SHIPPED(
+        proxy, prefix, blocks, depth, 1, sources
+    ),
+}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
