@@ -262,7 +262,7 @@ def test_cross_reading_is_cached_and_depends_on_no_order_or_question(proxy):
 def test_question_mask_masks_padding_and_other_questions():
     import torch
 
-    from rag_opt.models.parallel import question_mask
+    from rag_opt.models.question_pass import question_mask
 
     m = question_mask([3, 5], [[2], [1]], torch.float32)
     assert m.shape == (2, 1, 2, 7)
@@ -327,7 +327,7 @@ def test_a_document_set_is_read_across_once_for_every_question(proxy, monkeypatc
 def test_a_question_pass_over_the_same_documents_reuses_their_assembled_states(proxy):
     """Questions over one document set copy its cached states into the pass's buffer once: the next question
     reuses the buffer, and reads exactly what a fresh one gives (its own states overwrite the room after them)."""
-    from rag_opt.models import parallel
+    from rag_opt.models import question_buffer
     from rag_opt.models.encoding_cache import EncodingCache
     from rag_opt.models.extract import extract
 
@@ -349,15 +349,15 @@ def test_a_question_pass_over_the_same_documents_reuses_their_assembled_states(p
     np.testing.assert_array_equal(again.unit, first.unit)  # the longer question left nothing behind
     # another depth, a question longer than the room, and other documents get buffers of their own; few are kept
     extract(proxy, docs, a["question"], layers=2, encoding="parallel", cache=cache)
-    extract(proxy, docs, "why " * (parallel.QUESTION_ROOM + 8), layers=4, encoding="parallel", cache=cache)
+    extract(proxy, docs, "why " * (question_buffer.BUFFER_ROOM + 8), layers=4, encoding="parallel", cache=cache)
     extract(proxy, _docs(c, 2), c["question"], layers=4, encoding="parallel", cache=cache)
-    assert len(proxy.question_buffers) == parallel.ASSEMBLED_KEEP
+    assert len(proxy.question_buffers) == question_buffer.ASSEMBLED_KEEP
 
 
 def test_a_pass_over_new_documents_reuses_the_evicted_buffers_memory_and_reads_what_a_fresh_one_gives(proxy):
     """A one-row pass over other documents writes into the memory of the buffer it evicts (no fresh allocation's
     page faults) and reads exactly what a freshly allocated buffer gives, shorter or longer than the last."""
-    from rag_opt.models import parallel
+    from rag_opt.models import question_buffer
     from rag_opt.models.encoding_cache import EncodingCache
     from rag_opt.models.extract import extract
 
@@ -380,7 +380,7 @@ def test_a_pass_over_new_documents_reuses_the_evicted_buffers_memory_and_reads_w
     (again,) = [entry.buf for entry in proxy.question_buffers.values()]
     assert again.untyped_storage().data_ptr() == long_buf.untyped_storage().data_ptr()
     np.testing.assert_array_equal(reused_long.unit, fresh_long.unit)
-    assert len(proxy.question_buffers) == parallel.ASSEMBLED_KEEP
+    assert len(proxy.question_buffers) == question_buffer.ASSEMBLED_KEEP
 
 
 def test_a_packed_document_pass_makes_no_mask_over_its_row(proxy, monkeypatch):
@@ -439,7 +439,7 @@ def test_a_one_row_question_pass_reads_its_states_in_float32_exactly_as_converte
     model's dtype."""
     import torch
 
-    from rag_opt.models import parallel
+    from rag_opt.models import question_buffer
     from rag_opt.models.encoding_cache import EncodingCache
     from rag_opt.models.extract import extract, extract_batch
     from rag_opt.models.loader import load_proxy_model
@@ -452,23 +452,23 @@ def test_a_one_row_question_pass_reads_its_states_in_float32_exactly_as_converte
     got = extract(bf16, docs, a["question"], layers=4, encoding="parallel", cache=cache)
     (entry,) = bf16.question_buffers.values()
     assert entry.buf.dtype == torch.float32
-    monkeypatch.setattr(parallel, "ASSEMBLE_ONE_ROW_IN_FLOAT32", False)
+    monkeypatch.setattr(question_buffer, "ASSEMBLE_ONE_ROW_IN_FLOAT32", False)
     bf16.question_buffers.clear()
     want = extract(bf16, docs, a["question"], layers=4, encoding="parallel", cache=cache)
     (entry,) = bf16.question_buffers.values()
     assert entry.buf.dtype == torch.bfloat16
     np.testing.assert_array_equal(got.unit, want.unit)
     np.testing.assert_array_equal(got.doc_mass, want.doc_mass)
-    monkeypatch.setattr(parallel, "ASSEMBLE_ONE_ROW_IN_FLOAT32", True)
+    monkeypatch.setattr(question_buffer, "ASSEMBLE_ONE_ROW_IN_FLOAT32", True)
     seen: list[torch.dtype] = []
-    original = parallel._assembled
+    original = question_buffer.assemble_states
 
     def spy(*args):
         buf = original(*args)
         seen.append(buf.dtype)
         return buf
 
-    monkeypatch.setattr(parallel, "_assembled", spy)
+    monkeypatch.setattr(question_buffer, "assemble_states", spy)
     contexts = [(docs, a["question"]), (_docs(b, 3), b["question"])]
     extract_batch(bf16, contexts, layers=4, encoding="parallel", cache=cache)
     assert seen == [torch.bfloat16]  # one pass, two batch rows

@@ -4,7 +4,7 @@
 
 The question attention reads keys and values in float32. In bfloat16 a one-row pass used to convert its row's
 cached states once per layer and question; now the buffer they are copied into is float32 (converted once while
-copied; :data:`rag_opt.models.parallel.ASSEMBLE_ONE_ROW_IN_FLOAT32`). Sixteen warm single calls over one cached
+copied; :data:`rag_opt.models.question_buffer.ASSEMBLE_ONE_ROW_IN_FLOAT32`). Sixteen warm single calls over one cached
 HotpotQA document set (dev, seeded shuffle) run with each setting in rotating order; reported: the time of each
 round, the median ratio new / old, and whether the outputs are identical.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py and its siblings
 from common import data_dir  # noqa: E402
 
-from rag_opt.models import parallel  # noqa: E402
+from rag_opt.models import question_buffer  # noqa: E402
 from rag_opt.pipeline import ContextOptimizer  # noqa: E402
 from rag_opt.training.datasets import read_hotpotqa  # noqa: E402
 
@@ -50,13 +50,13 @@ def main() -> None:
     outputs: dict[bool, list[str]] = {}
     for r in range(args.rounds):
         for flag in (True, False) if r % 2 else (False, True):
-            parallel.ASSEMBLE_ONE_ROW_IN_FLOAT32 = flag
+            question_buffer.ASSEMBLE_ONE_ROW_IN_FLOAT32 = flag
             proxy.question_buffers.clear()
             t = time.perf_counter()
             res = [opt.optimize(q, docs) for q in questions]
             times[flag].append(time.perf_counter() - t)
             outputs[flag] = [x.context() for x in res]
-    parallel.ASSEMBLE_ONE_ROW_IN_FLOAT32 = True
+    question_buffer.ASSEMBLE_ONE_ROW_IN_FLOAT32 = True
     out = {
         "questions": len(questions),
         "float32_s": times[True],

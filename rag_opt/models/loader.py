@@ -80,7 +80,7 @@ class ProxyModel:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     threads: ThreadPolicy = field(default_factory=ThreadPolicy)
     precision_name: str | None = None  # what it was loaded as ("int8" runs float32 activations); None: from dtype
-    # the last question passes' assembled key/value buffers (rag_opt.models.parallel; used under ``lock``)
+    # the last question passes' assembled key/value buffers (rag_opt.models.question_buffer; used under ``lock``)
     question_buffers: OrderedDict[tuple[int, ...], Any] = field(default_factory=OrderedDict, repr=False, compare=False)
 
     @property

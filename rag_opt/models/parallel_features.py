@@ -20,9 +20,10 @@ import numpy as np
 from rag_opt.models.document_pass import encode_blocks, encode_blocks_with_sources
 from rag_opt.models.encoding_cache import EncodingCache, encoding_key, sources_kind
 from rag_opt.models.extract import AttentionFeatures
-from rag_opt.models.parallel import Block, ParallelPrompt, QuestionPass, parallel_prompt, run_question_passes
+from rag_opt.models.parallel import Block, ParallelPrompt, parallel_prompt
 from rag_opt.models.parallel_cross import cross_reads
 from rag_opt.models.prompt import PARALLEL_TEMPLATE_ID, VIEWS
+from rag_opt.models.question_pass import QuestionPass, run_question_passes
 from rag_opt.work import check_proxy_tokens, checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
