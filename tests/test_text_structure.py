@@ -38,7 +38,7 @@ def random_masks(units: UnitTable, n: int = 200) -> list[np.ndarray]:
 
 
 def utf8(text: str) -> int:
-    return len(text.encode("utf-8"))
+    return len(text.encode("utf-8", "surrogatepass"))  # a lone surrogate (text from broken JSON): 3 bytes
 
 
 def test_the_json_tree_has_the_offsets_of_items_members_and_commas() -> None:
@@ -138,7 +138,9 @@ def test_an_unpunctuated_sentence_is_cut_at_whitespace_into_bounded_units() -> N
     assert set(units.kind) == {"sentence"} and units.candidate.all()
 
 
-@pytest.mark.parametrize("text", ["x" * 5000, "漢字" * 2000, "é" * 3000 + " " + "🙂" * 900])
+@pytest.mark.parametrize(
+    "text", ["x" * 5000, "漢字" * 2000, "é" * 3000 + " " + "🙂" * 900, "a\ud800" * 2000, "\udfff" * 700]
+)
 def test_text_without_spaces_or_with_multibyte_characters_is_cut_at_the_byte_limit(text: str) -> None:
     bounds = [0, *split_points(text, 0, len(text)), len(text)]
     pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]

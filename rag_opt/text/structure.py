@@ -116,7 +116,8 @@ def _over(text: str, start: int, end: int, limit: int) -> bool:
         return True
     if 4 * n <= limit:
         return False
-    return sum(_utf8_len(c) for c in text[start:end]) > limit
+    # a lone surrogate is 3 bytes, as _utf8_len counts it ("surrogatepass" encodes it so instead of failing)
+    return len(text[start:end].encode("utf-8", "surrogatepass")) > limit
 
 
 def _prefix_chars(text: str, pos: int, end: int, limit: int) -> int:
