@@ -388,9 +388,29 @@ def show(res: dict[str, Any]) -> None:
         if key in paired:
             print(f"{key:28s}" + "".join(f"{f'+{w}/-{lo}':>8s}" for w, lo in c["won_lost_per_slot"]))
     for key, c in res["conditions"].items():
-        placed_by = [p for p in c.get("placement_profiles", []) if p != "None"]
+        placed_by = _profiles_summary([p for p in c.get("placement_profiles", []) if p != "None"])
         if placed_by:
-            print(f"{key}: placed by {'; '.join(placed_by)}")
+            print(f"{key}: placed by {placed_by}")
+
+
+def _profiles_summary(profiles: list[str]) -> str:
+    """The profiles that placed a condition's contexts, one line: a profile resampled to several document counts
+    (compressed contexts that dropped documents) is named once, with the range of counts."""
+    counts: dict[str, list[int]] = {}
+    for p in profiles:
+        base, sep, n = p.rpartition(", resampled to ")
+        if sep and n.isdigit():
+            counts.setdefault(base, []).append(int(n))
+        else:
+            counts.setdefault(p, [])
+    parts = []
+    for base, ns in counts.items():
+        if not ns:
+            parts.append(base)
+        else:
+            lo, hi = min(ns), max(ns)
+            parts.append(f"{base}, resampled to {lo}" + (f"-{hi} documents" if hi > lo else " documents"))
+    return "; ".join(parts)
 
 
 def plot(res: dict[str, Any], out: Path) -> None:
