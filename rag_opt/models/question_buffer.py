@@ -47,10 +47,10 @@ def assemble_states(
 ) -> torch.Tensor:
     """The buffer ``(2, layers, B, KVH, c_max + room, d)`` of a question pass: each batch row's cached parts copied
     once into place, with room after them for the pass's own keys and values (written there layer by layer:
-    :attr:`Capture.room_at`), so every layer's keys and values are contiguous views and nothing is copied again
-    (padding is zeroed and masked). A one-row buffer of at most :data:`ASSEMBLED_MAX_BYTES` in float32 is float32,
-    the precision the question attention reads keys and values in (converted once here, not per layer); any other
-    keeps the model's dtype.
+    :attr:`rag_opt.models.capture.Capture.room_at`), so every layer's keys and values are contiguous views and
+    nothing is copied again (padding is zeroed and masked). A one-row buffer of at most
+    :data:`ASSEMBLED_MAX_BYTES` in float32 is float32, the precision the question attention reads keys and values
+    in (converted once here, not per layer); any other keeps the model's dtype.
 
     A pass of one batch row over the same parts as a recent one (another question over the same documents) reuses
     that pass's buffer: the parts are copied once, not per question. The last :data:`ASSEMBLED_KEEP` buffers of at
