@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import data_dir
+from common import data_dir, paired_bootstrap
 
 from rag_opt.compressors.base import Scores
 from rag_opt.compressors.lexical_scorer import LexicalScorer
@@ -39,6 +39,7 @@ from rag_opt.types import OptimizeResult
 
 logger = logging.getLogger("bench.compression")
 RESULTS = Path(__file__).resolve().parent / "results"
+GAP_METRICS = ("sf_recall", "all_facts_kept", "answer_retention")
 
 
 class MemoScorer:
@@ -200,7 +201,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from rag_opt.compressors import BM25Scorer, EmbeddingScorer, LeadScorer, RandomScorer, SentinelCompressor
 
     ratios = [float(Fraction(r)) for r in args.ratios.split(",")]
-    hotpot = read_hotpotqa(data_dir() / "hotpotqa" / "dev.jsonl.gz", seed=0, limit=args.hotpot)
+    hotpot = read_hotpotqa(data_dir() / "hotpotqa" / "dev.jsonl.gz", seed=0, limit=args.offset + args.hotpot)
+    hotpot = hotpot[args.offset :]
     squad = squad_examples(args.squad) if args.squad else []
     sentinel = SentinelCompressor.from_model(
         args.model, probe=args.probe, doc_probe=args.doc_probe, encoding=args.encoding, dtype=args.dtype
@@ -218,6 +220,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {
         "ratios": ratios,
         "hotpot_questions": len(hotpot),
+        "hotpot_offset": args.offset,
         "squad_questions": len(squad),
         "encoding": args.encoding,
         "probe": str(args.probe),
@@ -225,6 +228,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.only_probe:  # the probe, the lexical tier and BM25 only (comparing probes or encodings)
         methods = {k: v for k, v in methods.items() if k.startswith(("rag-opt", "BM25"))}
     table: dict[str, dict[str, Any]] = {}
+    per_question: dict[tuple[str, str, str], list[dict[str, float | None]]] = {}  # (method, titles, ratio) → rows
     latency: dict[str, list[float]] = {"rag-opt": [], "bare forward": []}
     from tqdm.auto import tqdm
 
@@ -251,8 +255,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 res = opt.optimize(ex["question"], ex["docs"], ratio=r)
                 srows.append(squad_metrics(ex, res))
             per_ratio[f"{r:.3f}"] = {"hotpot": summarize(rows), "squad": summarize(srows) if srows else {}}
+            per_question[(name, titles, f"{r:.3f}")] = rows
         table[name if titles == "field" else f"{name} [titles: {titles}]"] = per_ratio
     results["methods"] = table
+    results["title_gaps"] = title_gaps(per_question)
     med_opt = statistics.median(latency["rag-opt"]) if latency["rag-opt"] else float("nan")
     med_fwd = statistics.median(latency["bare forward"]) if latency["bare forward"] else float("nan")
     per_q = [a / b for a, b in zip(latency["rag-opt"], latency["bare forward"], strict=True) if b > 0]
@@ -264,6 +270,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "questions": len(latency["rag-opt"]),
     }
     return results
+
+
+def title_gaps(per_question: dict[tuple[str, str, str], list[dict[str, float | None]]]) -> dict[str, Any]:
+    """Each other title regime against the title field, paired per question (the same questions, method and
+    ratio): the mean difference (regime minus field) with its 95 % bootstrap interval, per HotpotQA metric."""
+    gaps: dict[str, Any] = {}
+    for (name, titles, r), rows in per_question.items():
+        base = per_question.get((name, "field", r))
+        if titles == "field" or base is None:
+            continue
+        gaps.setdefault(f"{name} [titles: {titles}] - field", {})[r] = {
+            m: paired_bootstrap([x[m] for x in base], [x[m] for x in rows]) for m in GAP_METRICS
+        }
+    return gaps
 
 
 def attach_llmlingua(results: dict[str, Any]) -> None:
@@ -288,6 +308,15 @@ def print_table(results: dict[str, Any]) -> None:
                 f"{h.get('ratio', float('nan')):>6.3f} {h.get('max_ratio', float('nan')):>6.3f} "
                 f"{s.get('answer_sentence_kept', float('nan')):>7.3f} {s.get('answer_retention', float('nan')):>7.3f}"
             )
+    gaps = results.get("title_gaps") or {}
+    if gaps:
+        print("paired against the title field (mean difference [95 % bootstrap interval]):")
+        for name, per_ratio in gaps.items():
+            for r, m in per_ratio.items():
+                cells = "  ".join(
+                    f"{k} {v['diff']:+.3f} [{v['low']:+.3f}, {v['high']:+.3f}]" for k, v in m.items() if v["n"]
+                )
+                print(f"  {name:<60} {float(r):>6.3f}  {cells}")
     lat = results["latency"]
     print(
         f"latency (HotpotQA, {lat['questions']} questions): rag-opt median {lat['median_optimize_ms']:.0f} ms, "
@@ -333,6 +362,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hotpot", type=int, default=200, help="HotpotQA dev questions (seeded shuffle)")
+    ap.add_argument("--offset", type=int, default=0, help="skip this many HotpotQA questions of the shuffle first")
     ap.add_argument("--squad", type=int, default=200, help="SQuAD 2.0 dev answerable questions")
     ap.add_argument("--ratios", default="1/2,1/3,1/5")
     ap.add_argument("--model", default=None)

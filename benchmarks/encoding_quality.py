@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import data_dir, run_or_report
+from common import data_dir, paired_bootstrap, run_or_report
 from compression import MemoScorer, hotpot_metrics
 
 from rag_opt.pipeline import ContextOptimizer
@@ -37,18 +37,6 @@ logger = logging.getLogger("bench.encoding_quality")
 RESULTS = Path(__file__).resolve().parent / "results"
 METRICS = ("sf_recall", "all_facts_kept", "answer_retention")
 ARMS = ("joint", "parallel", "bm25")  # and "candidate" with --candidate
-
-
-def paired_bootstrap(a: list[float | None], b: list[float | None], *, draws: int = 10_000, seed: int = 0) -> dict:
-    """Mean of ``b - a`` over the questions where both are defined, with a 95 % percentile interval."""
-    pairs = np.array([(x, y) for x, y in zip(a, b, strict=True) if x is not None and y is not None], dtype=float)
-    if not len(pairs):
-        return {"diff": None, "low": None, "high": None, "n": 0}
-    d = pairs[:, 1] - pairs[:, 0]
-    rng = np.random.default_rng(seed)
-    means = d[rng.integers(0, len(d), size=(draws, len(d)))].mean(axis=1)
-    low, high = np.percentile(means, [2.5, 97.5])
-    return {"diff": float(d.mean()), "low": float(low), "high": float(high), "n": len(d)}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rag_opt.text.name_variants import MAX_VARIANTS, name_variants
+from rag_opt.text.name_variants import MAX_SHORT_FORMS, MAX_VARIANTS, name_variants
 from rag_opt.text.units import UnitTable
 from rag_opt.types import Document
 
@@ -34,6 +34,35 @@ from rag_opt.types import Document
         ('Heywood "Woody" Allen', 'Heywood "Woody" Allen (born 1935) is a filmmaker.', ("Woody Allen",)),
         # a generational suffix stays: a Jr. is not his father
         ("John Herschel Glenn Jr.", "John Herschel Glenn Jr. was an astronaut.", ("John Glenn Jr.",)),
+        # a nickname names one person: with and without the suffix
+        (
+            'Earvin "Magic" Johnson Jr.',
+            'Earvin "Magic" Johnson Jr. is a player.',
+            ("Earvin Johnson Jr.", "Magic Johnson Jr.", "Magic Johnson"),
+        ),
+        # ranks of several words are honorifics too
+        (
+            "Air Chief Marshal Sir Keith Rodney Park",
+            "Air Chief Marshal Sir Keith Rodney Park was a pilot.",
+            ("Keith Rodney Park", "Keith Park"),
+        ),
+        # Spanish and Portuguese names: the given name with each surname in the middle
+        (
+            "Adolfo José Valencia Mosquera",
+            "Adolfo José Valencia Mosquera is a footballer.",
+            ("Adolfo Mosquera", "Adolfo Valencia"),
+        ),
+        ("Jorge Leal Amado de Faria", "Jorge Leal Amado de Faria was a writer.", ("Jorge Amado",)),
+        # a company without its legal form; an article and a legal form
+        ("Tata Sons Limited", "Tata Sons Limited is a holding company.", ("Tata Sons",)),
+        ("Apple Inc.", "Apple Inc. is a company.", ("Apple",)),
+        ("The Walt Disney Company Ltd", "The Walt Disney Company Ltd is a company.", ("Walt Disney Company",)),
+        # other names in parentheses after "also"
+        (
+            "The Kellogg Company",
+            "The Kellogg Company (also Kellogg's, Kellogg, and Kellogg's of Battle Creek) is a food company.",
+            ("Kellogg Company", "Kellogg's", "Kellogg"),
+        ),
         # the names the first sentence gives
         (
             "Richard Colson Baker",
@@ -52,7 +81,34 @@ from rag_opt.types import Document
     ],
 )
 def test_name_variants(subject: str, text: str, variants: tuple[str, ...]) -> None:
-    assert name_variants(subject, text) == variants
+    assert name_variants(subject, text, short_forms=False) == variants
+    # the short forms of the given name come after the rules' variants
+    assert name_variants(subject, text)[: len(variants)] == variants
+
+
+@pytest.mark.parametrize(
+    ("subject", "short"),
+    [
+        ("Richard Lee Stansbury", {"Rick Stansbury", "Dick Stansbury", "Richie Stansbury"}),
+        ("Gerald Hatten Buss", {"Jerry Buss", "Gerry Buss"}),
+        ("Sir Leslie Coleman McCann", {"Les McCann"}),  # after the honorific
+        ("William Randolph Hearst Sr.", {"Bill Hearst Sr.", "Will Hearst Sr."}),  # the suffix stays
+    ],
+)
+def test_short_forms_of_the_given_name(subject: str, short: set[str]) -> None:
+    got = name_variants(subject, f"{subject} is a person.")
+    rules = name_variants(subject, f"{subject} is a person.", short_forms=False)
+    assert got[: len(rules)] == rules
+    extra = got[len(rules) :]
+    assert short <= set(extra)
+    assert len(extra) <= MAX_SHORT_FORMS
+    assert all(v.split()[1:] == subject.split()[-len(v.split()) + 1 :] for v in extra)  # surname (and suffix) kept
+
+
+def test_no_short_forms_for_names_not_in_the_table_or_not_of_persons() -> None:
+    assert name_variants("Zyxw Quorn", "Zyxw Quorn is a person.") == ()
+    assert name_variants("The Richard Hotel", "The Richard Hotel is a hotel.") == ("Richard Hotel",)
+    assert name_variants("Richard", "Richard is a name.") == ()  # one word: no surname to keep
 
 
 def test_name_variants_are_bounded_and_distinct() -> None:

@@ -169,6 +169,10 @@ def test_the_command_line_takes_the_title_options(capsys: pytest.CaptureFixture[
         ("Kim Hyung-jun (born August 3, 1987) is a South Korean entertainer.", "Kim Hyung-jun"),
         ("Bank of America is a bank.", "Bank of America"),
         ("Ludwig van Beethoven was a composer.", "Ludwig van Beethoven"),
+        # a quoted title of a work keeps its own words; a title keeps its small words in lower case
+        ('"When the Levee Breaks" is a blues song.', "When the Levee Breaks"),
+        ("Bastard out of Carolina is a 1996 film.", "Bastard out of Carolina"),
+        ("Gone with the Wind is a novel.", "Gone with the Wind"),
         ("The band was formed in 1990.", None),  # not a name
         ("It is a song.", None),  # a pronoun
         ("In 1990, the band split.", None),

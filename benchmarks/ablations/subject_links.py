@@ -29,9 +29,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py and its siblings
-from common import data_dir  # noqa: E402
+from common import data_dir, paired_bootstrap  # noqa: E402
 from compression import hotpot_documents, hotpot_metrics  # noqa: E402
-from encoding_quality import paired_bootstrap  # noqa: E402
 
 from rag_opt.compressors import SentinelCompressor  # noqa: E402
 from rag_opt.compressors.base import Scores  # noqa: E402

@@ -67,9 +67,11 @@ def _title_pattern(title: str) -> re.Pattern[str] | None:
 
 
 @lru_cache(maxsize=4096)
-def _variant_pattern(name: str) -> re.Pattern[str]:
-    """A case-sensitive, word-bounded pattern for another name of a document (a proper name: capitalization counts)."""
-    return re.compile(r"(?<!\w)" + re.escape(name) + r"(?!\w)")
+def _variant_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
+    """One case-sensitive, word-bounded pattern for a document's other names (proper names: capitalization
+    counts), the longest first."""
+    alternatives = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    return re.compile(r"(?<!\w)(?:" + alternatives + r")(?!\w)")
 
 
 @lru_cache(maxsize=256)
@@ -84,7 +86,8 @@ def _mentions(
     out = []
     for d, title in enumerate(titles):
         pats = [p for p in [_title_pattern(title) if title else None] if p is not None]
-        pats += [_variant_pattern(v) for v in (variants[d] if d < len(variants) else ())]
+        others = variants[d] if d < len(variants) else ()
+        pats += [_variant_pattern(tuple(others))] if others else []
         if not pats:
             continue
         out += [(d, i) for i, (doc, text) in enumerate(texts) if doc != d and any(p.search(text) for p in pats)]

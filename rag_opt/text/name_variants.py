@@ -10,13 +10,22 @@ documents are linked as titled ones are.
 The variants (each at least 3 characters, none equal to the subject):
 
 * the subject without a leading article, when at least two words remain ("The Drudge Report" → "Drudge Report");
-* for a name of three or more capitalized words: the name without leading honorifics (``Sir``, ``Dame``, ``Dr.``,
-  ``Rear Admiral``, ...) and trailing post-nominals (``OBE``, ``PhD``, ...), and its first and last word
-  ("Sir Anthony Peter McCoy, OBE" → "Anthony Peter McCoy", "Anthony McCoy"). A generational suffix (``Jr.``,
-  ``III``) stays: "John Herschel Glenn Jr." → "John Glenn Jr." (a "Jr." is another person than his father);
-* a nickname in quotes with the surname ('Ernesto "Che" Guevara' → "Che Guevara");
+* a company's name without its legal form ("Tata Sons Limited" → "Tata Sons", "Apple Inc." → "Apple");
+* for a name of three or more capitalized words: the name without leading honorifics and ranks (``Sir``, ``Dame``,
+  ``Dr.``, ``Rear Admiral``, ``Air Chief Marshal``, ``Duke``, ...) and trailing post-nominals (``OBE``, ``PhD``,
+  ...), and its first and last word ("Sir Anthony Peter McCoy, OBE" → "Anthony Peter McCoy", "Anthony McCoy"). A
+  generational suffix (``Jr.``, ``III``) stays: "John Herschel Glenn Jr." → "John Glenn Jr." (a "Jr." is another
+  person than his father);
+* for a name of four or more words, the given name with each surname between the second word and the last
+  (Spanish and Portuguese names: "Adolfo José Valencia Mosquera" → "Adolfo Valencia", "Jorge Leal Amado de Faria" →
+  "Jorge Amado");
+* a nickname in quotes with the surname ('Ernesto "Che" Guevara' → "Che Guevara"; 'Earvin "Magic" Johnson Jr.' →
+  "Magic Johnson Jr." and "Magic Johnson": a nickname names one person);
 * the names the first sentence gives it: "known as X", "better known as X or Y", "known by his stage name X",
-  "referred to as X", "credited as X".
+  "referred to as X", "credited as X", "(also X, Y)";
+* at most :data:`MAX_SHORT_FORMS` more: the short forms of a person's given name with the surname ("Richard Lee
+  Stansbury" → "Rick Stansbury", "Dick Stansbury", ...; "Gerald Hatten Buss" → "Jerry Buss"), from the hand-curated
+  English table of the ``nicknames`` package.
 
 Variants are matched case-sensitively (:mod:`rag_opt.compressors.context_features`): a variant is a proper name, so
 "The Bridge" does not make every "the bridge" a link. Measured in ``docs/benchmarks.md`` (title-free links).
@@ -25,23 +34,34 @@ Variants are matched case-sensitively (:mod:`rag_opt.compressors.context_feature
 from __future__ import annotations
 
 import re
+from functools import lru_cache
+from typing import TYPE_CHECKING
 
-__all__ = ["MAX_VARIANTS", "name_variants"]
+if TYPE_CHECKING:  # pragma: no cover
+    from nicknames import NickNamer
 
-MAX_VARIANTS = 6  # at most this many variants per document
+__all__ = ["MAX_SHORT_FORMS", "MAX_VARIANTS", "name_variants"]
+
+MAX_VARIANTS = 6  # at most this many variants per document by the rules above
+MAX_SHORT_FORMS = 16  # and at most this many by the short forms of the given name
 
 _ARTICLES = frozenset({"the", "a", "an"})
 _HONORIFICS = frozenset(
     "sir dame lord lady dr dr. saint st. king queen prince princess general gen. captain capt. president senator "
     "reverend rev. mr. mrs. ms. admiral rear vice colonel col. major lieutenant lt. sergeant professor prof. judge "
-    "chief father pope emperor empress sheikh".split()
+    "chief father pope emperor empress sheikh air field marshal commodore brigadier governor bishop archbishop "
+    "cardinal rabbi imam count countess duke duchess baron baroness earl marquess viscount sultan tsar chancellor "
+    "commander".split()
 )
 _POST_NOMINALS = frozenset("obe kbe cbe mbe dbe gbe om ac kc qc pc frs phd md".split())
 _GENERATIONAL = frozenset("jr. jr sr. sr ii iii iv".split())
+# a company's legal form: "Tata Sons Limited" is "Tata Sons" elsewhere
+_LEGAL_FORMS = frozenset("limited ltd ltd. inc inc. plc llc l.p. lp gmbh ag s.a. n.v. corp. co.".split())
 _PARTICLES = frozenset("of and the a an de la le du von van der den da di del y".split())
 _NAME = r"(?:[A-Z0-9][\w'’.\-]*)(?:\s+(?:[A-Z0-9][\w'’.\-]*|of|the|de|van|von|da|la|del|di|&))*"
 _ALIAS = re.compile(
-    r"\b(?:known|referred to|credited|billed)\s+(?:simply\s+|mononymously\s+|professionally\s+)?(?:as|by)\s+"
+    r"(?:\(also\s+(?:called\s+|spelled\s+)?(?=[\"“A-Z0-9])"
+    r"|\b(?:known|referred to|credited|billed)\s+(?:simply\s+|mononymously\s+|professionally\s+)?(?:as|by)\s+)"
     r"(?:(?:his|her|their|its|the)\s+)?(?:(?:mononymous|stage|ring|pen|nick|short|shortened)\s*names?\s+)?[\"“]?"
     r"(" + _NAME + r")(?:[\"”]?\s*(?:,\s*|\s+or\s+|\s+and\s+)[\"“]?(" + _NAME + r"))?"
 )
@@ -49,14 +69,20 @@ _NICKNAME = re.compile(r"[\"“]([A-Z][\w'’.\-]*(?:\s+[A-Z][\w'’.\-]*)?)[\"�
 _FIRST_SENTENCE_CHARS = 400
 
 
-def name_variants(subject: str, text: str) -> tuple[str, ...]:
+def name_variants(subject: str, text: str, *, short_forms: bool = True) -> tuple[str, ...]:
     """Other names of a document whose text opens with ``subject`` (see the module docstring), in a fixed order,
-    without duplicates; empty when there are none."""
+    without duplicates; empty when there are none. ``short_forms``: with the given name's short forms (last)."""
     out: list[str] = []
     words = subject.split()
     if not words:
         return ()
-    if words[0].lower() in _ARTICLES:
+    if len(words) >= 2 and words[-1].strip(",").lower() in _LEGAL_FORMS:
+        core = " ".join(words[:-1]).rstrip(",")
+        if words[0].lower() in _ARTICLES and len(words) >= 4:
+            out.append(" ".join(words[1:-1]).rstrip(","))
+        elif len(core) >= 3 and words[0].lower() not in _ARTICLES:
+            out.append(core)
+    elif words[0].lower() in _ARTICLES:
         if len(words) >= 3:
             out.append(" ".join(words[1:]))
     else:
@@ -70,7 +96,31 @@ def name_variants(subject: str, text: str) -> tuple[str, ...]:
         if len(v) >= 3 and v not in seen:
             seen.add(v)
             kept.append(v)
-    return tuple(kept[:MAX_VARIANTS])
+    kept = kept[:MAX_VARIANTS]
+    if short_forms and words[0].lower() not in _ARTICLES:
+        kept += [v for v in _short_forms(subject) if v not in seen][:MAX_SHORT_FORMS]
+    return tuple(kept)
+
+
+@lru_cache(maxsize=1)
+def _nicknamer() -> NickNamer:
+    from nicknames import NickNamer
+
+    return NickNamer()
+
+
+def _short_forms(subject: str) -> list[str]:
+    """A person's name with the short forms of the given name: "Richard Lee Stansbury" → "Rick Stansbury", "Dick
+    Stansbury", ... (the ``nicknames`` package's hand-curated English table); none for a name not in it."""
+    words = [w.strip(",") for w in _NICKNAME.sub(" ", subject).split() if w.strip(",")]
+    while len(words) > 2 and words[0].lower() in _HONORIFICS:
+        words = words[1:]
+    suffix = ""
+    if len(words) > 2 and words[-1].lower() in _GENERATIONAL:
+        suffix, words = " " + words[-1], words[:-1]
+    if len(words) < 2 or not all(w[0].isupper() for w in (words[0], words[-1])):
+        return []
+    return [f"{short.capitalize()} {words[-1]}{suffix}" for short in sorted(_nicknamer().nicknames_of(words[0]))]
 
 
 def _person_variants(subject: str) -> list[str]:
@@ -93,4 +143,10 @@ def _person_variants(subject: str) -> list[str]:
         out.append(f"{words[0]} {words[-1]}{suffix}")
     if nickname and len(words) >= 2:
         out.append(f"{nickname.group(1)} {words[-1]}{suffix}")
+        if suffix:  # a nickname names one person: "Magic Johnson" is Earvin "Magic" Johnson Jr.
+            out.append(f"{nickname.group(1)} {words[-1]}")
+    if len(words) >= 4 and all(w[0].isupper() or w.lower() in _PARTICLES for w in words):
+        # Iberian names: "Adolfo José Valencia Mosquera" is "Adolfo Valencia", "Jorge Leal Amado de Faria" is
+        # "Jorge Amado": the given name with each surname in the middle
+        out += [f"{words[0]} {w}{suffix}" for w in words[2:-1] if w[0].isupper()]
     return out

@@ -173,7 +173,12 @@ _NOT_A_SUBJECT = frozenset(
     "a an the it its he she they we i you this that these those there here his her their our my your one some many "
     "most all each in on at for after before during when while if as".split()
 )
-_NAME_PARTICLES = frozenset("of and the a an de la le du von van der den da di del y in on at for to & -".split())
+# small words a name or a title of a work keeps in lower case ("Bank of America", "Bastard out of Carolina")
+_NAME_PARTICLES = frozenset(
+    "of and the a an de la le du von van der den da di del y in on at for to & - by from with out up into over upon "
+    "off or but nor as".split()
+)
+_QUOTED = re.compile(r"[\"“«][^\"“”«»]+[\"”»]")
 MAX_SUBJECT_WORDS = 8
 MAX_SUBJECT_CHARS = 80
 
@@ -189,12 +194,15 @@ def leading_subject(text: str) -> str | None:
     m = _SUBJECT_END.search(head)
     if m is None or m.start() == 0:
         return None
-    subject = head[: m.start()].strip().strip("\"'“”‘’«»").strip()
+    raw = head[: m.start()].strip()
+    subject = raw.strip("\"'“”‘’«»").strip()
     if not subject or len(subject) > MAX_SUBJECT_CHARS or len(subject.split()) > MAX_SUBJECT_WORDS:
         return None
     first = subject[0]
     if not (first.isupper() or first.isdigit()) or not _LETTER.search(subject):
         return None
+    if _QUOTED.fullmatch(raw):  # a quoted title of a work ("When the Levee Breaks"): its words are its own
+        return subject
     if subject.lower() in _NOT_A_SUBJECT or subject.split()[0].lower() in _NOT_A_SUBJECT - {"the", "a", "an"}:
         return None
     for word in subject.split()[1:]:  # a name: every word capitalized but the small ones ("The band": no name)
