@@ -152,3 +152,38 @@ def test_variants_are_matched_case_sensitively() -> None:
     lower = _named_first(opening, "The river has a silver bridge company nearby. It is old.")
     named = _named_first(opening, "The river has the Silver Bridge Company nearby. It is old.")
     assert named > lower
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("The city of Lawton is the county seat of Comanche County.", "Lawton"),
+        ("Hurricane Faith reached the northernmost latitude of any storm.", "Hurricane Faith"),
+        ("Olympique de Marseille almost won the French League.", "Olympique de Marseille"),
+        ("In 1990, the band split. Then Oasis formed.", None),  # the first sentence only
+        ("the lowercase text names nobody.", None),
+        ("", None),
+    ],
+)
+def test_the_opening_name_of_a_text_without_a_subject(text: str, name: str | None) -> None:
+    from rag_opt.text.name_variants import opening_name
+
+    assert opening_name(text) == name
+
+
+def test_an_opening_name_links_only_where_it_is_salient() -> None:
+    """A document that opens with no subject is linked by its first proper name when one other document names it,
+    and not when several do (a name every document uses is no bridge)."""
+    from rag_opt.compressors.context_features import SPAN_MAX_DOCS, document_links
+
+    opening = Document(text="The city of Lawton is the county seat. It has a fort.")
+    one = [opening, Document(text="Fort Sill lies near Lawton in the south."), Document(text="Tulsa is a city.")]
+    units = UnitTable.build(one, lambda s: len(s.split()))
+    assert units.link_names[0] is None and units.link_spans[0] == ("Lawton",)
+    assert (0, 1) in document_links(units)
+    many = [opening] + [Document(text=f"Road {i} runs to Lawton from the east.") for i in range(SPAN_MAX_DOCS + 1)]
+    assert not any(d == 0 for d, _ in document_links(UnitTable.build(many, lambda s: len(s.split()))))
+    # a document with a subject or a title has no opening name
+    titled = UnitTable.build([Document(text="The city of Lawton is old.", title="Lawton")], lambda s: 1)
+    subject = UnitTable.build([Document(text="Lawton is a city.")], lambda s: 1)
+    assert titled.link_spans == ((),) and subject.link_spans == ((),)

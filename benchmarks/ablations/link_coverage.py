@@ -9,7 +9,9 @@ For the first ``--questions`` HotpotQA questions of the seeded shuffle, the link
 * ``title field``: each paragraph has its title (the reference);
 * ``subject alone``: no title; linked by the subject its text opens with (``rag_opt.text.titles.leading_subject``);
 * ``subject + other names``: and the other names the rules of ``rag_opt.text.name_variants`` give it;
-* ``+ short forms``: and the short forms of a person's given name ("Richard" → "Rick"; what the library does).
+* ``+ short forms``: and the short forms of a person's given name ("Richard" → "Rick");
+* ``+ opening names``: and, for a paragraph that opens with no subject, the first proper name of its text where
+  at most one other paragraph names it (``rag_opt.text.name_variants.opening_name``; what the library does).
 
 ``supporting`` counts the links between the question's two supporting paragraphs (the bridge the second hop
 needs), ``all`` every link (most join paragraphs that are not both supporting: the noise a rule adds). Use the
@@ -35,13 +37,16 @@ from rag_opt.training.datasets import HotpotExample, read_hotpotqa  # noqa: E402
 from rag_opt.training.units import hotpot_table  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-ARMS = ("title field", "subject alone", "subject + other names", "+ short forms")
+ARMS = ("title field", "subject alone", "subject + other names", "+ short forms", "+ opening names")
 
 
 def arm_table(ex: HotpotExample, arm: str) -> UnitTable:
     if arm == "title field":
         return hotpot_table(ex, "field")
-    table = hotpot_table(ex, "none")  # the library's links: subject, other names and short forms
+    table = hotpot_table(ex, "none")  # the library's links: subject, other names, short forms, opening names
+    if arm == "+ opening names":
+        return table
+    table = dataclasses.replace(table, link_spans=tuple(() for _ in table.link_spans))
     if arm == "subject alone":
         return dataclasses.replace(table, link_variants=tuple(() for _ in table.link_variants))
     if arm == "subject + other names":

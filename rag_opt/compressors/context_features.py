@@ -19,7 +19,9 @@ module builds per-unit features (no forward pass, microseconds):
 
 A document is named by its title (a title field, metadata, a leading heading line; else its title row) or, without
 one, by the subject its text opens with and that subject's other names (``UnitTable.link_names`` and
-``link_variants``: :mod:`rag_opt.text.name_variants`). A document without any takes part in neither feature.
+``link_variants``: :mod:`rag_opt.text.name_variants`), or, opening with no subject, by the first proper name of its
+text where that name is salient (``link_spans``: named by at most :data:`SPAN_MAX_DOCS` other document). A document
+without any takes part in neither feature.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ CONTEXT_FEATURES = (
 # nothing else helped
 DEFAULT_CONTEXT = ("own", "named_by_other")
 
+# an untitled document that opens with no subject is linked by the first proper name of its text only when at most
+# this many other documents name it: on 3,000 HotpotQA train questions (benchmarks/ablations/link_coverage.py) such
+# links join the two supporting paragraphs 20 % of the time (titles' links: 13 %); with any number of documents, 3 %
+SPAN_MAX_DOCS = 1
+
 _PAREN = re.compile(r"\s*\([^)]*\)\s*$")
 
 
@@ -76,21 +83,32 @@ def _variant_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
 
 @lru_cache(maxsize=256)
 def _mentions(
-    titles: tuple[str, ...], texts: tuple[tuple[int, str], ...], variants: tuple[tuple[str, ...], ...]
+    titles: tuple[str, ...],
+    texts: tuple[tuple[int, str], ...],
+    variants: tuple[tuple[str, ...], ...],
+    spans: tuple[tuple[str, ...], ...] = (),
 ) -> tuple[tuple[int, int], ...]:
     """``(d, i)`` for each candidate ``texts[i]`` (its document, its text) that names document ``d``, ``d`` another
-    document: by its title (case-insensitive, :func:`_title_pattern`) or by one of its ``variants`` (other names of
-    an untitled document, case-sensitive: :mod:`rag_opt.text.name_variants`). It depends on the documents only, not
-    on the question: remembered per document set (a second question over the same documents skips the
-    ``documents × units`` pattern searches)."""
+    document: by its title (case-insensitive, :func:`_title_pattern`), by one of its ``variants`` (other names of
+    an untitled document, case-sensitive: :mod:`rag_opt.text.name_variants`), or by its opening name (``spans``:
+    a document that opens with no subject; case-sensitive, and only when at most :data:`SPAN_MAX_DOCS` other
+    documents name it). It depends on the documents only, not on the question: remembered per document set (a
+    second question over the same documents skips the ``documents × units`` pattern searches)."""
     out = []
     for d, title in enumerate(titles):
         pats = [p for p in [_title_pattern(title) if title else None] if p is not None]
         others = variants[d] if d < len(variants) else ()
         pats += [_variant_pattern(tuple(others))] if others else []
-        if not pats:
+        if pats:
+            out += [(d, i) for i, (doc, text) in enumerate(texts) if doc != d and any(p.search(text) for p in pats)]
             continue
-        out += [(d, i) for i, (doc, text) in enumerate(texts) if doc != d and any(p.search(text) for p in pats)]
+        opening = spans[d] if d < len(spans) else ()
+        if not opening:
+            continue
+        pat = _variant_pattern(tuple(opening))
+        hits = [(d, i) for i, (doc, text) in enumerate(texts) if doc != d and pat.search(text)]
+        if len({texts[i][0] for _, i in hits}) <= SPAN_MAX_DOCS:  # salient: not a name every document uses
+            out += hits
     return tuple(out)
 
 
@@ -110,7 +128,7 @@ def _unit_mentions(units: UnitTable) -> tuple[np.ndarray, tuple[tuple[int, int],
     """The candidate rows, and ``(d, i)`` for each candidate row ``rows[i]`` that names document ``d`` (another)."""
     rows_c = np.flatnonzero(units.candidate)
     texts = tuple((int(units.doc[r]), units.texts[r]) for r in rows_c)
-    return rows_c, _mentions(tuple(t or "" for t in _titles(units)), texts, units.link_variants)
+    return rows_c, _mentions(tuple(t or "" for t in _titles(units)), texts, units.link_variants, units.link_spans)
 
 
 def document_links(units: UnitTable) -> set[tuple[int, int]]:

@@ -55,6 +55,7 @@ def reversed_documents(units: UnitTable) -> tuple[UnitTable, np.ndarray]:
         title_sources=pick(units.title_sources),  # type: ignore[arg-type]
         link_names=pick(units.link_names),  # type: ignore[arg-type]
         link_variants=pick(units.link_variants),  # type: ignore[arg-type]
+        link_spans=pick(units.link_spans),  # type: ignore[arg-type]
         title_tokens=None if units.title_tokens is None else units.title_tokens[::-1].copy(),
         text_tokens=None if units.text_tokens is None else units.text_tokens[::-1].copy(),
         parent=moved(units.parent),

@@ -27,6 +27,11 @@ The variants (each at least 3 characters, none equal to the subject):
   Stansbury" → "Rick Stansbury", "Dick Stansbury", ...; "Gerald Hatten Buss" → "Jerry Buss"), from the hand-curated
   English table of the ``nicknames`` package.
 
+A document that opens with no subject ("The city of Lawton is the county seat ...", "Hurricane Faith reached ...")
+is linked by :func:`opening_name`, the first proper name of its first sentence ("Lawton", "Hurricane Faith"), but
+only where it is salient: when at most one other document names it (``context_features.SPAN_MAX_DOCS``), so that
+"American" or "United States" does not link a document to every other.
+
 Variants are matched case-sensitively (:mod:`rag_opt.compressors.context_features`): a variant is a proper name, so
 "The Bridge" does not make every "the bridge" a link. Measured in ``docs/benchmarks.md`` (title-free links).
 """
@@ -40,7 +45,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from nicknames import NickNamer
 
-__all__ = ["MAX_SHORT_FORMS", "MAX_VARIANTS", "name_variants"]
+__all__ = ["MAX_SHORT_FORMS", "MAX_VARIANTS", "opening_name", "name_variants"]
 
 MAX_VARIANTS = 6  # at most this many variants per document by the rules above
 MAX_SHORT_FORMS = 16  # and at most this many by the short forms of the given name
@@ -67,6 +72,12 @@ _ALIAS = re.compile(
 )
 _NICKNAME = re.compile(r"[\"“]([A-Z][\w'’.\-]*(?:\s+[A-Z][\w'’.\-]*)?)[\"”]")
 _FIRST_SENTENCE_CHARS = 400
+_PROPER_SPAN = re.compile(r"(?<!\w)[A-Z][\w'’.\-]*(?:\s+(?:(?:of|the|de|van|von|da|la|del|di|&)\s+)?[A-Z][\w'’.\-]*)*")
+_SPAN_STOP = frozenset(
+    "the a an it its he she they this that these those in on at for after before during when while if as his her "
+    "their".split()
+)
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s")
 
 
 def name_variants(subject: str, text: str, *, short_forms: bool = True) -> tuple[str, ...]:
@@ -150,3 +161,18 @@ def _person_variants(subject: str) -> list[str]:
         # "Jorge Amado": the given name with each surname in the middle
         out += [f"{words[0]} {w}{suffix}" for w in words[2:-1] if w[0].isupper()]
     return out
+
+
+def opening_name(text: str) -> str | None:
+    """The first proper name of the text's first sentence (capitalized words, joined by particles such as "of";
+    a leading article or pronoun dropped; at least 4 characters): the link name of a document that opens with no
+    subject. None when the first sentence has none."""
+    first = _SENTENCE_END.split(text.lstrip().split("\n", 1)[0][:_FIRST_SENTENCE_CHARS], maxsplit=1)[0]
+    for m in _PROPER_SPAN.finditer(first):
+        words = m.group(0).split()
+        while words and words[0].lower() in _SPAN_STOP:
+            words = words[1:]
+        name = " ".join(words).rstrip(".")
+        if len(name) >= 4:
+            return name
+    return None

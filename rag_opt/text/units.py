@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rag_opt.text.name_variants import name_variants
+from rag_opt.text.name_variants import name_variants, opening_name
 from rag_opt.text.titles import DEFAULT_TITLE_KEYS, find_title, leading_subject
 from rag_opt.types import Document, UnitKind
 
@@ -39,7 +39,10 @@ class UnitTable:
     built from texts), ``link_names`` (the name other documents' sentences link to: the title, else the subject the
     text opens with, :func:`rag_opt.text.titles.leading_subject`; empty for tables built from texts),
     ``link_variants`` (other names an untitled document goes by, from its leading subject and first sentence:
-    :func:`rag_opt.text.name_variants.name_variants`; empty tuples for titled documents),
+    :func:`rag_opt.text.name_variants.name_variants`; empty tuples for titled documents), ``link_spans`` (for an
+    untitled document that opens with no subject, the first proper name of its text,
+    :func:`rag_opt.text.name_variants.opening_name`: a link only where salient, see
+    :mod:`rag_opt.compressors.context_features`; empty tuples otherwise),
     ``title_tokens`` (0 for a title that is the text's own leading heading line: it is a unit of the text) and
     ``text_tokens`` (the whole text: BPE merges across units make it differ from the sum).
     ``language`` is the ISO 639 code the documents were segmented with (scorers' lexical features follow it).
@@ -60,6 +63,7 @@ class UnitTable:
     title_sources: tuple[str | None, ...] = ()
     link_names: tuple[str | None, ...] = ()
     link_variants: tuple[tuple[str, ...], ...] = ()
+    link_spans: tuple[tuple[str, ...], ...] = ()
     title_tokens: np.ndarray | None = None
     text_tokens: np.ndarray | None = None
     language: str = "en"
@@ -98,6 +102,7 @@ class UnitTable:
         sources: list[str | None] = []
         links: list[str | None] = []
         variants: list[tuple[str, ...]] = []
+        spans: list[tuple[str, ...]] = []
         title_tokens: list[int] = []
         text_tokens: list[int] = []
         for d, document in enumerate(documents):
@@ -107,6 +112,8 @@ class UnitTable:
             subject = None if found is not None else leading_subject(document.text)
             links.append(found.title if found is not None else subject)
             variants.append(name_variants(subject, document.text) if subject else ())
+            span = opening_name(document.text) if found is None and subject is None else None
+            spans.append((span,) if span else ())
             in_text = found is not None and found.span is not None
             title = None if found is None or in_text else found.title
             title_tokens.append(count(f"{title}\n") if title else 0)
@@ -154,6 +161,7 @@ class UnitTable:
             title_sources=tuple(sources),
             link_names=tuple(links),
             link_variants=tuple(variants),
+            link_spans=tuple(spans),
             title_tokens=np.asarray(title_tokens, dtype=np.int64),
             text_tokens=np.asarray(text_tokens, dtype=np.int64),
             language=language,

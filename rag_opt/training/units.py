@@ -17,7 +17,7 @@ import random
 from collections.abc import Mapping, Sequence
 
 from rag_opt.errors import InvalidInputError
-from rag_opt.text.name_variants import name_variants
+from rag_opt.text.name_variants import name_variants, opening_name
 from rag_opt.text.segment import segment
 from rag_opt.text.titles import leading_subject
 from rag_opt.text.units import UnitTable
@@ -65,7 +65,9 @@ def hotpot_table(ex: HotpotExample, regime: str = "field") -> UnitTable:
         table = UnitTable.from_texts(ex.sentences, [[True] * len(s) for s in ex.sentences])
         links = tuple(leading_subject(ex.paragraph_text(p)) for p in range(len(ex.sentences)))
         variants = tuple(name_variants(s, ex.paragraph_text(p)) if s else () for p, s in enumerate(links))
-        return dataclasses.replace(table, link_names=links, link_variants=variants)
+        opening = [None if s else opening_name(ex.paragraph_text(p)) for p, s in enumerate(links)]
+        spans = tuple((o,) if o else () for o in opening)
+        return dataclasses.replace(table, link_names=links, link_variants=variants, link_spans=spans)
     table = UnitTable.titled(hotpot_units(ex))
     if regime == "text":
         kinds = tuple("heading" if k == "title" else k for k in table.kind)
