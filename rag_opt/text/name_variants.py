@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # pragma: no cover
     from nicknames import NickNamer
@@ -120,27 +120,17 @@ def _nicknamer() -> NickNamer:
     return NickNamer()
 
 
-def _short_forms(subject: str) -> list[str]:
-    """A person's name with the short forms of the given name: "Richard Lee Stansbury" → "Rick Stansbury", "Dick
-    Stansbury", ... (the ``nicknames`` package's hand-curated English table); none for a name not in it."""
-    words = [w.strip(",") for w in _NICKNAME.sub(" ", subject).split() if w.strip(",")]
-    while len(words) > 2 and words[0].lower() in _HONORIFICS:
-        words = words[1:]
-    suffix = ""
-    if len(words) > 2 and words[-1].lower() in _GENERATIONAL:
-        suffix, words = " " + words[-1], words[:-1]
-    if len(words) < 2 or not all(w[0].isupper() for w in (words[0], words[-1])):
-        return []
-    return [f"{short.capitalize()} {words[-1]}{suffix}" for short in sorted(_nicknamer().nicknames_of(words[0]))]
+class _PersonName(NamedTuple):
+    plain: list[str]  # the words, without a quoted nickname
+    words: list[str]  # without leading honorifics, trailing post-nominals and a generational suffix
+    suffix: str  # " Jr." or ""
+    nickname: str | None  # the quoted nickname, if any
 
 
-def _person_variants(subject: str) -> list[str]:
-    """The variants of a name that does not open with an article: honorifics and post-nominals dropped, first and
-    last word, nickname and surname."""
-    out: list[str] = []
+def _person_name(subject: str) -> _PersonName:
     nickname = _NICKNAME.search(subject)
-    plain = [w.strip(",") for w in _NICKNAME.sub(" ", subject).split()]
-    words = [w for w in plain if w]
+    plain = [w for w in (w.strip(",") for w in _NICKNAME.sub(" ", subject).split()) if w]
+    words = list(plain)
     while len(words) > 2 and words[0].lower() in _HONORIFICS:
         words = words[1:]
     while len(words) > 2 and words[-1].lower() in _POST_NOMINALS:
@@ -148,14 +138,31 @@ def _person_variants(subject: str) -> list[str]:
     suffix = ""
     if len(words) > 2 and words[-1].lower() in _GENERATIONAL:
         suffix, words = " " + words[-1], words[:-1]
+    return _PersonName(plain, words, suffix, nickname.group(1) if nickname else None)
+
+
+def _short_forms(subject: str) -> list[str]:
+    """A person's name with the short forms of the given name: "Richard Lee Stansbury" → "Rick Stansbury", "Dick
+    Stansbury", ... (the ``nicknames`` package's hand-curated English table); none for a name not in it."""
+    _, words, suffix, _ = _person_name(subject)
+    if len(words) < 2 or not all(w[0].isupper() for w in (words[0], words[-1])):
+        return []
+    return [f"{short.capitalize()} {words[-1]}{suffix}" for short in sorted(_nicknamer().nicknames_of(words[0]))]
+
+
+def _person_variants(subject: str) -> list[str]:
+    """The variants of a name that does not open with an article: honorifics and post-nominals dropped, first and
+    last word, nickname and surname, given name and each middle surname."""
+    out: list[str] = []
+    plain, words, suffix, nickname = _person_name(subject)
     if words and words != plain:
         out.append(" ".join(words) + suffix)
     if len(words) >= 3 and all(w[0].isupper() for w in words) and words[-2].lower() not in _PARTICLES:
         out.append(f"{words[0]} {words[-1]}{suffix}")
     if nickname and len(words) >= 2:
-        out.append(f"{nickname.group(1)} {words[-1]}{suffix}")
+        out.append(f"{nickname} {words[-1]}{suffix}")
         if suffix:  # a nickname names one person: "Magic Johnson" is Earvin "Magic" Johnson Jr.
-            out.append(f"{nickname.group(1)} {words[-1]}")
+            out.append(f"{nickname} {words[-1]}")
     if len(words) >= 4 and all(w[0].isupper() or w.lower() in _PARTICLES for w in words):
         # Iberian names: "Adolfo José Valencia Mosquera" is "Adolfo Valencia", "Jorge Leal Amado de Faria" is
         # "Jorge Amado": the given name with each surname in the middle
