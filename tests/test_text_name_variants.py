@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rag_opt.text.name_variants import MAX_SHORT_FORMS, MAX_VARIANTS, name_variants
 from rag_opt.text.units import UnitTable
@@ -189,3 +191,18 @@ def test_an_opening_name_links_only_where_it_is_salient() -> None:
     titled = UnitTable.build([Document(text="The city of Lawton is old.", title="Lawton")], lambda s: 1)
     subject = UnitTable.build([Document(text="Lawton is a city.")], lambda s: 1)
     assert titled.link_spans == ((),) and subject.link_spans == ((),)
+
+
+@given(text=st.text(max_size=300) | st.from_regex(r"([A-Z][a-z]{0,8}[ ,.\"(]{1,2}){0,12}(is|was)? ?[a-z ]{0,20}"))
+@settings(max_examples=200, deadline=None)
+def test_link_names_of_any_text_are_bounded_and_come_from_it(text: str) -> None:
+    from rag_opt.text.name_variants import opening_name
+    from rag_opt.text.titles import leading_subject
+
+    subject = leading_subject(text)
+    variants = name_variants(subject, text) if subject else ()
+    assert len(variants) <= MAX_VARIANTS + MAX_SHORT_FORMS
+    assert len(set(variants)) == len(variants) and subject not in variants
+    assert all(len(v) >= 3 for v in variants)
+    name = opening_name(text)
+    assert name is None or (len(name) >= 4 and all(w in text for w in name.split()))
