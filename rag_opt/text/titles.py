@@ -189,7 +189,8 @@ def leading_subject(text: str) -> str | None:
     they start with a capital letter, a digit or a quote, read as a name (every word capitalized but particles such
     as ``of``, ``the``, ``de``, ``von``), are at most :data:`MAX_SUBJECT_WORDS` words and
     :data:`MAX_SUBJECT_CHARS` characters, and are not a pronoun or article alone (``It``, ``The``, ``This``, ...).
-    Surrounding quotes are removed. None otherwise."""
+    Surrounding quotes are removed; a subject in quotes is a title of a work and taken as it stands
+    (``"When the Levee Breaks" is a song`` → ``When the Levee Breaks``). None otherwise."""
     head = text.lstrip()[: MAX_SUBJECT_CHARS + 40].split("\n", 1)[0]
     m = _SUBJECT_END.search(head)
     if m is None or m.start() == 0:
