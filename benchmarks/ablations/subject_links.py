@@ -9,8 +9,8 @@ a record label`` -> ``Dark Horse Records``). On the first ``--hotpot`` HotpotQA 
 given without titles, the model tier and the lexical tier score each question three times, at 1/3 and 1/5:
 
 * ``links``: the subject and its other names (``rag_opt.text.name_variants``: "Sergey Olegovich Sirotkin" is also
-  "Sergey Sirotkin"; what the library does);
-* ``subject only``: the subject alone (``UnitTable.link_variants`` emptied);
+  "Sergey Sirotkin"), and for a document that opens with no subject its salient opening name; what the library does;
+* ``subject only``: the subject alone (``UnitTable.link_variants`` and ``link_spans`` emptied);
 * ``no links``: neither (``UnitTable.link_names`` emptied too).
 
 The paired differences (links minus no links, and links minus subject only) come with 95 % bootstrap intervals.
@@ -54,9 +54,9 @@ class Links:
 
     def score(self, question: str, units: UnitTable) -> Scores:
         if self.arm == "subject only":
-            units = dataclasses.replace(units, link_variants=())
+            units = dataclasses.replace(units, link_variants=(), link_spans=())
         elif self.arm == "no links":
-            units = dataclasses.replace(units, link_names=(), link_variants=())
+            units = dataclasses.replace(units, link_names=(), link_variants=(), link_spans=())
         return self.inner.score(question, units)
 
 
