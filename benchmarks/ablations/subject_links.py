@@ -60,10 +60,10 @@ class Links:
         return self.inner.score(question, units)
 
 
-def run(n: int) -> dict[str, Any]:
+def run(n: int, offset: int = 0) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
-    questions = read_hotpotqa(data_dir() / "hotpotqa" / "dev.jsonl.gz", seed=0, limit=n)
+    questions = read_hotpotqa(data_dir() / "hotpotqa" / "dev.jsonl.gz", seed=0, limit=offset + n)[offset:]
     sentinel = SentinelCompressor.from_model(None, encoding="parallel")
     tiers = {"model": sentinel, "lexical": LexicalScorer()}
     rows: dict[str, list[dict[str, Any]]] = {}
@@ -75,7 +75,7 @@ def run(n: int) -> dict[str, Any]:
                 for r in RATIOS:
                     m = hotpot_metrics(ex, opt.optimize(ex.question, docs, ratio=r), shifts)
                     rows.setdefault(f"{tier}|{arm}|{r:.3f}", []).append(m)
-    out: dict[str, Any] = {"questions": len(questions), "titles": "none", "results": {}}
+    out: dict[str, Any] = {"questions": len(questions), "offset": offset, "titles": "none", "results": {}}
     for tier in tiers:
         for r in RATIOS:
             with_ = rows[f"{tier}|links|{r:.3f}"]
@@ -100,7 +100,7 @@ def run(n: int) -> dict[str, Any]:
 
 def show(res: dict[str, Any]) -> None:
     print(
-        f"HotpotQA dev, {res['questions']} questions given without titles: links (subject and other names) / "
+        f"HotpotQA dev, {res['questions']} questions from {res.get('offset', 0)}, given without titles: links / "
         "subject only / no links (paired, 95 % CI)"
     )
     for key, entry in res["results"].items():
@@ -118,6 +118,7 @@ def show(res: dict[str, Any]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hotpot", type=int, default=200)
+    ap.add_argument("--offset", type=int, default=0, help="skip this many questions of the shuffle first")
     ap.add_argument("--out", default=str(RESULTS / "subject_links.json"))
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
@@ -127,7 +128,7 @@ def main() -> None:
         return
     if not (data_dir() / "hotpotqa" / "dev.jsonl.gz").is_file():
         raise SystemExit(f"real data not found under {data_dir()}: this ablation needs ../shared/data")
-    res = run(args.hotpot)
+    res = run(args.hotpot, args.offset)
     out.write_text(json.dumps(res, indent=1))
     show(res)
 
