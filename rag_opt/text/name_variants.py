@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:  # pragma: no cover
     from nicknames import NickNamer
 
-__all__ = ["MAX_SHORT_FORMS", "MAX_VARIANTS", "opening_name", "name_variants"]
+__all__ = ["MAX_SHORT_FORMS", "MAX_VARIANTS", "name_variants", "opening_name"]
 
 MAX_VARIANTS = 6  # at most this many variants per document by the rules above
 MAX_SHORT_FORMS = 16  # and at most this many by the short forms of the given name
@@ -63,7 +63,9 @@ _GENERATIONAL = frozenset("jr. jr sr. sr ii iii iv".split())
 # a company's legal form: "Tata Sons Limited" is "Tata Sons" elsewhere
 _LEGAL_FORMS = frozenset("limited ltd ltd. inc inc. plc llc l.p. lp gmbh ag s.a. n.v. corp. co.".split())
 _PARTICLES = frozenset("of and the a an de la le du von van der den da di del y".split())
-_NAME = r"(?:[A-Z0-9][\w'’.\-]*)(?:\s+(?:[A-Z0-9][\w'’.\-]*|of|the|de|van|von|da|la|del|di|&))*"
+_WORD = r"[\w'’.\-]*"  # the rest of a capitalized word
+_CONNECTORS = r"of|the|de|van|von|da|la|del|di|&"  # the small words a proper name keeps between its capitals
+_NAME = rf"(?:[A-Z0-9]{_WORD})(?:\s+(?:[A-Z0-9]{_WORD}|{_CONNECTORS}))*"
 _ALIAS = re.compile(
     r"(?:\(also\s+(?:called\s+|spelled\s+)?(?=[\"“A-Z0-9])"
     r"|\b(?:known|referred to|credited|billed)\s+(?:simply\s+|mononymously\s+|professionally\s+)?(?:as|by)\s+)"
@@ -72,7 +74,7 @@ _ALIAS = re.compile(
 )
 _NICKNAME = re.compile(r"[\"“]([A-Z][\w'’.\-]*(?:\s+[A-Z][\w'’.\-]*)?)[\"”]")
 _FIRST_SENTENCE_CHARS = 400
-_PROPER_SPAN = re.compile(r"(?<!\w)[A-Z][\w'’.\-]*(?:\s+(?:(?:of|the|de|van|von|da|la|del|di|&)\s+)?[A-Z][\w'’.\-]*)*")
+_PROPER_SPAN = re.compile(rf"(?<!\w)[A-Z]{_WORD}(?:\s+(?:(?:{_CONNECTORS})\s+)?[A-Z]{_WORD})*")
 _SPAN_STOP = frozenset(
     "the a an it its he she they this that these those in on at for after before during when while if as his her "
     "their".split()
