@@ -8,7 +8,8 @@ line):
 
 * ``full``: all 10 paragraphs (the pipeline with no budget: nothing dropped, nothing reordered);
 * ``rag-opt-1/3``, ``rag-opt-1/5``: ``ContextOptimizer()`` with the library defaults (embedded SmolLM2-135M proxy,
-  shipped probe, ``ordering="input"``), budget a ratio of the o200k tokens (the default target), titles counted;
+  shipped probe, the default ordering ``promote_clear_best``; ``--ordering`` sets another), budget a ratio of the
+  o200k tokens (the default target), titles counted;
 * ``bm25-1/3``: BM25 ("title. sentence") through the same pipeline (``ContextOptimizer(scorer=BM25Scorer())``, as
   ``benchmarks/compression.py`` runs it);
 * ``llmlingua-1/3``: LongLLMLingua (``benchmarks/llmlingua_baseline.py``'s call, embedded SmolLM2-135M compressor)
@@ -174,7 +175,9 @@ def documents(ex: HotpotExample, paragraphs: list[int] | None = None) -> list[di
 class Contexts:
     """Builds each condition's context (rendered text, o200k tokens) for one question."""
 
-    def __init__(self, conditions: list[Condition], threads: int | str, llmlingua: Any | None) -> None:
+    def __init__(
+        self, conditions: list[Condition], threads: int | str, llmlingua: Any | None, ordering: str | None = None
+    ) -> None:
         from rag_opt.compressors import BM25Scorer
         from rag_opt.pipeline import ContextOptimizer
         from rag_opt.text.tokens import get_token_counter
@@ -184,7 +187,9 @@ class Contexts:
         self.passthrough = ContextOptimizer(scorer=BM25Scorer(), threads=threads, ratio=1.0)
         self.optimizers = {"bm25": ContextOptimizer(scorer=BM25Scorer(), threads=threads)}
         if any(c.kind == "rag-opt" for c in conditions):
-            self.optimizers["rag-opt"] = ContextOptimizer(threads=threads)  # the library defaults
+            # the library defaults (and ``ordering`` when given)
+            extra = {"ordering": ordering} if ordering else {}
+            self.optimizers["rag-opt"] = ContextOptimizer(threads=threads, **extra)
         self.llmlingua = llmlingua
 
     def full_tokens(self, ex: HotpotExample) -> int:
@@ -266,7 +271,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     reader = Reader(args.reader, device, dtype, args.max_new_tokens)
     logger.info("reader %s on %s (%s) loaded in %.1f s", reader.lm.name, device, dtype, time.perf_counter() - t0)
-    contexts = Contexts(conditions, threads, comp)
+    contexts = Contexts(conditions, threads, comp, args.ordering)
     out = Path(args.out)
     cache_path = out.with_name(out.stem + ".cache.jsonl")
     cache = load_cache(cache_path, reader.signature)
@@ -362,7 +367,8 @@ def summarize(
             f"reader {reader.lm.name} ({reader.lm.source.description}) on {device} ({dtype}), chat template, "
             f"greedy, max {args.max_new_tokens} new tokens, system message {INSTRUCTION!r}, user message: the "
             "context, a blank line, 'Question: <question>'; answer: first line without a trailing period; "
-            "rag-opt = ContextOptimizer() defaults, BM25 = ContextOptimizer(scorer=BM25Scorer()), budgets in o200k "
+            f"rag-opt = ContextOptimizer() defaults (ordering {args.ordering or 'default'}), "
+            "BM25 = ContextOptimizer(scorer=BM25Scorer()), budgets in o200k "
             f"tokens with titles counted; threads {threads}; torch {torch.__version__}, transformers "
             f"{transformers.__version__}; HotpotQA dev, read_hotpotqa(seed=0), first {len(questions)} questions; "
             f"bootstrap {BOOTSTRAP_SAMPLES} paired resamples (seed 0)"
@@ -431,6 +437,7 @@ def main() -> None:
     ap.add_argument("--device", default=None, help="reader device (default: cuda when available, else cpu)")
     ap.add_argument("--dtype", default=None, help="reader precision (default: bf16 where native, else float32)")
     ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--ordering", default=None, help="rag-opt's document ordering (default: the library's)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: rag-opt's 'auto')")
     ap.add_argument("--out", default=str(RESULTS / "answers.json"))
     ap.add_argument("--report-only", action="store_true", help="re-print the saved results")

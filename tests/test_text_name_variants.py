@@ -193,6 +193,49 @@ def test_an_opening_name_links_only_where_it_is_salient() -> None:
     assert titled.link_spans == ((),) and subject.link_spans == ((),)
 
 
+@pytest.mark.parametrize(
+    ("title", "text", "names"),
+    [
+        ("Carroll County, New Hampshire", "Carroll County is a county in New Hampshire.", ("Carroll County",)),
+        ("Dunlop Tyres", "Dunlop is a brand of tyres.", ("Dunlop",)),
+        ("Lawton", "Lawton is a city.", ()),  # the subject is the title: nothing new
+        ("Lawton", "The city of Lawton is old.", ()),  # no subject
+    ],
+)
+def test_the_subject_names_of_a_titled_document(title: str, text: str, names: tuple[str, ...]) -> None:
+    from rag_opt.text.name_variants import subject_names
+
+    assert subject_names(title, text) == names
+
+
+def test_subject_names_keep_the_variants_of_the_subject_and_never_the_title() -> None:
+    from rag_opt.text.name_variants import subject_names
+
+    got = subject_names("Jeffrey Meldrum", 'Don Jeffrey "Jeff" Meldrum (born 1958) is an anthropologist.')
+    assert got[0] == 'Don Jeffrey "Jeff" Meldrum' and {"Jeff Meldrum", "Don Meldrum"} <= set(got)
+    assert "Jeffrey Meldrum" not in got
+
+
+def test_a_titled_document_is_also_linked_by_its_subject_where_salient() -> None:
+    """A titled document whose text opens with another name (the subject) is linked by it when it names one new
+    document; not when it names several (the bound of opening names), and never twice for a link its title has."""
+    from rag_opt.compressors.context_features import SPAN_MAX_DOCS, document_links
+
+    count = lambda s: len(s.split())  # noqa: E731
+    county = Document(text="Carroll County is a county in New Hampshire.", title="Carroll County, New Hampshire")
+    town = Document(text="Wolfeboro is a town in Carroll County.", title="Wolfeboro")
+    other = Document(text="Tulsa is a city.", title="Tulsa")
+    units = UnitTable.build([county, town, other], count)
+    assert units.link_spans[0] == ("Carroll County",) and units.link_spans[1] == ()
+    assert (0, 1) in document_links(units) and (0, 2) not in document_links(units)
+    towns = [Document(text=f"Town {i} lies in Carroll County.", title=f"Town {i}") for i in range(SPAN_MAX_DOCS + 1)]
+    assert not any(d == 0 for d, _ in document_links(UnitTable.build([county, *towns], count)))
+    # a heading line as the title: the subject is read after it
+    headed = UnitTable.build([Document(text="Carroll County, New Hampshire\n" + county.text), town], count)
+    assert headed.titles[0] == "Carroll County, New Hampshire" and headed.link_spans[0] == ("Carroll County",)
+    assert (0, 1) in document_links(headed)
+
+
 @given(text=st.text(max_size=300) | st.from_regex(r"([A-Z][a-z]{0,8}[ ,.\"(]{1,2}){0,12}(is|was)? ?[a-z ]{0,20}"))
 @settings(max_examples=200, deadline=None)
 def test_link_names_of_any_text_are_bounded_and_come_from_it(text: str) -> None:

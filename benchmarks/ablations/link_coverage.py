@@ -1,12 +1,14 @@
 """How many of the links a title gives the second stage an untitled document still gets (offline: no model).
 
-    python benchmarks/ablations/link_coverage.py --split train --questions 3000  # results/link_coverage.json, ~40 s
+    python benchmarks/ablations/link_coverage.py --split train --questions 3000  # results/link_coverage.json, ~50 s
 
 For the first ``--questions`` HotpotQA questions of the seeded shuffle, the links ``named_by_other`` reads
 (:func:`rag_opt.compressors.context_features.document_links`: a candidate sentence of document ``e`` names document
 ``d``) are counted with the paragraphs given four ways:
 
-* ``title field``: each paragraph has its title (the reference);
+* ``title field``: each paragraph has its title (the reference: the title alone);
+* ``title + subject names``: and, where salient, the subject its text opens with when that is not its title, and
+  that subject's other names (``rag_opt.text.name_variants.subject_names``; what the library does with a title);
 * ``subject alone``: no title; linked by the subject its text opens with (``rag_opt.text.titles.leading_subject``);
 * ``subject + other names``: and the other names the rules of ``rag_opt.text.name_variants`` give it;
 * ``+ short forms``: and the short forms of a person's given name ("Richard" → "Rick");
@@ -37,12 +39,20 @@ from rag_opt.training.datasets import HotpotExample, read_hotpotqa  # noqa: E402
 from rag_opt.training.units import hotpot_table  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
-ARMS = ("title field", "subject alone", "subject + other names", "+ short forms", "+ opening names")
+ARMS = (
+    "title field",
+    "title + subject names",
+    "subject alone",
+    "subject + other names",
+    "+ short forms",
+    "+ opening names",
+)
 
 
 def arm_table(ex: HotpotExample, arm: str) -> UnitTable:
-    if arm == "title field":
-        return hotpot_table(ex, "field")
+    if arm in ("title field", "title + subject names"):
+        table = hotpot_table(ex, "field")  # the library's links: the title and the subject names
+        return table if arm != "title field" else dataclasses.replace(table, link_spans=tuple(() for _ in ex.titles))
     table = hotpot_table(ex, "none")  # the library's links: subject, other names, short forms, opening names
     if arm == "+ opening names":
         return table

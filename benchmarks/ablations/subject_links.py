@@ -15,6 +15,15 @@ given without titles, the model tier and the lexical tier score each question th
 
 The paired differences (links minus no links, and links minus subject only) come with 95 % bootstrap intervals.
 The title-field regime on the same questions is the reference the links try to reach.
+
+With ``--titles field`` the questions come with their title field and two arms are paired instead:
+
+* ``links``: the title and, where salient, the subject the text opens with when that is not the title, and its
+  other names (``rag_opt.text.name_variants.subject_names``); what the library does;
+* ``title only``: the title alone (``UnitTable.link_spans`` emptied).
+
+    OMP_NUM_THREADS=1 python benchmarks/ablations/subject_links.py --titles field --hotpot 200 --offset 400 \
+        --out benchmarks/results/subject_links_field.json
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from rag_opt.training.datasets import read_hotpotqa  # noqa: E402
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 RATIOS = (1 / 3, 1 / 5)
 METRICS = ("sf_recall", "answer_retention")
-ARMS = ("links", "subject only", "no links")
+ARMS = {"none": ("links", "subject only", "no links"), "field": ("links", "title only")}
 
 
 class Links:
@@ -55,12 +64,14 @@ class Links:
     def score(self, question: str, units: UnitTable) -> Scores:
         if self.arm == "subject only":
             units = dataclasses.replace(units, link_variants=(), link_spans=())
+        elif self.arm == "title only":
+            units = dataclasses.replace(units, link_spans=())
         elif self.arm == "no links":
             units = dataclasses.replace(units, link_names=(), link_variants=(), link_spans=())
         return self.inner.score(question, units)
 
 
-def run(n: int, offset: int = 0) -> dict[str, Any]:
+def run(n: int, offset: int = 0, titles: str = "none") -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     questions = read_hotpotqa(data_dir() / "hotpotqa" / "dev.jsonl.gz", seed=0, limit=offset + n)[offset:]
@@ -68,37 +79,50 @@ def run(n: int, offset: int = 0) -> dict[str, Any]:
     tiers = {"model": sentinel, "lexical": LexicalScorer()}
     rows: dict[str, list[dict[str, Any]]] = {}
     for tier, scorer in tiers.items():
-        arms = {arm: ContextOptimizer(scorer=Links(scorer, arm)) for arm in ARMS}
+        arms = {arm: ContextOptimizer(scorer=Links(scorer, arm)) for arm in ARMS[titles]}
         for ex in tqdm(questions, desc=f"{tier} tier", mininterval=10):
-            docs, shifts = hotpot_documents(ex, "none")
+            docs, shifts = hotpot_documents(ex, titles)
             for arm, opt in arms.items():
                 for r in RATIOS:
                     m = hotpot_metrics(ex, opt.optimize(ex.question, docs, ratio=r), shifts)
                     rows.setdefault(f"{tier}|{arm}|{r:.3f}", []).append(m)
-    out: dict[str, Any] = {"questions": len(questions), "offset": offset, "titles": "none", "results": {}}
+    out: dict[str, Any] = {"questions": len(questions), "offset": offset, "titles": titles, "results": {}}
     for tier in tiers:
         for r in RATIOS:
-            with_ = rows[f"{tier}|links|{r:.3f}"]
-            subject, without = rows[f"{tier}|subject only|{r:.3f}"], rows[f"{tier}|no links|{r:.3f}"]
             entry: dict[str, Any] = {}
             for metric in METRICS:
-                a = [x[metric] for x in without]
-                b = [x[metric] for x in with_]
-                s = [x[metric] for x in subject]
-                d = paired_bootstrap(a, b)  # with minus without
-                dv = paired_bootstrap(s, b)  # with the other names minus the subject alone
+                vals = {arm: [x[metric] for x in rows[f"{tier}|{arm}|{r:.3f}"]] for arm in ARMS[titles]}
+                b = vals["links"]
                 entry[metric] = {
-                    "links": float(np.mean([v for v in b if v is not None])),
-                    "subject_only": float(np.mean([v for v in s if v is not None])),
-                    "no_links": float(np.mean([v for v in a if v is not None])),
-                    "diff": [d["diff"], d["low"], d["high"]],
-                    "diff_variants": [dv["diff"], dv["low"], dv["high"]],
+                    arm.replace(" ", "_"): float(np.mean([v for v in v_ if v is not None])) for arm, v_ in vals.items()
                 }
+                if titles == "field":
+                    d = paired_bootstrap(vals["title only"], b)  # with the subject names minus the title alone
+                    entry[metric]["diff"] = [d["diff"], d["low"], d["high"]]
+                    continue
+                d = paired_bootstrap(vals["no links"], b)  # with minus without
+                dv = paired_bootstrap(vals["subject only"], b)  # with the other names minus the subject alone
+                entry[metric]["diff"] = [d["diff"], d["low"], d["high"]]
+                entry[metric]["diff_variants"] = [dv["diff"], dv["low"], dv["high"]]
             out["results"][f"{tier} {r:.3f}"] = entry
     return out
 
 
 def show(res: dict[str, Any]) -> None:
+    if res.get("titles") == "field":
+        print(
+            f"HotpotQA dev, {res['questions']} questions from {res.get('offset', 0)}, given with a title field: "
+            "links (title + subject names) / title only (paired, 95 % CI)"
+        )
+        for key, entry in res["results"].items():
+            parts = []
+            for metric, e in entry.items():
+                d = e["diff"]
+                parts.append(
+                    f"{metric} {e['links']:.3f} / {e['title_only']:.3f} ({d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}])"
+                )
+            print(f"  {key}: " + "; ".join(parts))
+        return
     print(
         f"HotpotQA dev, {res['questions']} questions from {res.get('offset', 0)}, given without titles: links / "
         "subject only / no links (paired, 95 % CI)"
@@ -119,6 +143,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hotpot", type=int, default=200)
     ap.add_argument("--offset", type=int, default=0, help="skip this many questions of the shuffle first")
+    ap.add_argument("--titles", choices=tuple(ARMS), default="none", help="how the documents come (see above)")
     ap.add_argument("--out", default=str(RESULTS / "subject_links.json"))
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
@@ -128,7 +153,7 @@ def main() -> None:
         return
     if not (data_dir() / "hotpotqa" / "dev.jsonl.gz").is_file():
         raise SystemExit(f"real data not found under {data_dir()}: this ablation needs ../shared/data")
-    res = run(args.hotpot, args.offset)
+    res = run(args.hotpot, args.offset, args.titles)
     out.write_text(json.dumps(res, indent=1))
     show(res)
 

@@ -20,8 +20,10 @@ module builds per-unit features (no forward pass, microseconds):
 A document is named by its title (a title field, metadata, a leading heading line; else its title row) or, without
 one, by the subject its text opens with and that subject's other names (``UnitTable.link_names`` and
 ``link_variants``: :mod:`rag_opt.text.name_variants`), or, opening with no subject, by the first proper name of its
-text where that name is salient (``link_spans``: named by at most :data:`SPAN_MAX_DOCS` other document). A document
-without any takes part in neither feature.
+text where that name is salient (``link_spans``: named by at most :data:`SPAN_MAX_DOCS` other document). A titled
+document whose text opens with another name ("Carroll County" under the title "Carroll County, New Hampshire") is
+also named by that subject and its other names, under the same bound (``link_spans``). A document without any name
+takes part in neither feature.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ DEFAULT_CONTEXT = ("own", "named_by_other")
 
 # an untitled document that opens with no subject is linked by the first proper name of its text only when at most
 # this many other documents name it: on 3,000 HotpotQA train questions (benchmarks/ablations/link_coverage.py) such
-# links join the two supporting paragraphs 20 % of the time (titles' links: 13 %); with any number of documents, 3 %
+# links join the two supporting paragraphs 20 % of the time (titles' links: 13 %); with any number of documents, 3 %.
+# The same bound holds for a titled document's subject names (new documents beyond those its title links): 19 %
 SPAN_MAX_DOCS = 1
 
 _PAREN = re.compile(r"\s*\([^)]*\)\s*$")
@@ -90,24 +93,26 @@ def _mentions(
 ) -> tuple[tuple[int, int], ...]:
     """``(d, i)`` for each candidate ``texts[i]`` (its document, its text) that names document ``d``, ``d`` another
     document: by its title (case-insensitive, :func:`_title_pattern`), by one of its ``variants`` (other names of
-    an untitled document, case-sensitive: :mod:`rag_opt.text.name_variants`), or by its opening name (``spans``:
-    a document that opens with no subject; case-sensitive, and only when at most :data:`SPAN_MAX_DOCS` other
-    documents name it). It depends on the documents only, not on the question: remembered per document set (a
+    an untitled document, case-sensitive: :mod:`rag_opt.text.name_variants`), or by its salient names (``spans``:
+    the opening name of a document that opens with no subject, or a titled document's subject names;
+    case-sensitive, and only when they name at most :data:`SPAN_MAX_DOCS` documents that its title and variants do
+    not already link). It depends on the documents only, not on the question: remembered per document set (a
     second question over the same documents skips the ``documents × units`` pattern searches)."""
-    out = []
+    out: list[tuple[int, int]] = []
     for d, title in enumerate(titles):
         pats = [p for p in [_title_pattern(title) if title else None] if p is not None]
         others = variants[d] if d < len(variants) else ()
         pats += [_variant_pattern(tuple(others))] if others else []
-        if pats:
-            out += [(d, i) for i, (doc, text) in enumerate(texts) if doc != d and any(p.search(text) for p in pats)]
+        named = [(d, i) for i, (doc, text) in enumerate(texts) if doc != d and any(p.search(text) for p in pats)]
+        out += named
+        salient = spans[d] if d < len(spans) else ()
+        if not salient:
             continue
-        opening = spans[d] if d < len(spans) else ()
-        if not opening:
-            continue
-        pat = _variant_pattern(tuple(opening))
-        hits = [(d, i) for i, (doc, text) in enumerate(texts) if doc != d and pat.search(text)]
-        if len({texts[i][0] for _, i in hits}) <= SPAN_MAX_DOCS:  # salient: not a name every document uses
+        pat = _variant_pattern(tuple(salient))
+        seen = {i for _, i in named}
+        linked = {texts[i][0] for i in seen}
+        hits = [(d, i) for i, (doc, text) in enumerate(texts) if doc != d and i not in seen and pat.search(text)]
+        if len({texts[i][0] for _, i in hits} - linked) <= SPAN_MAX_DOCS:  # salient: not a name every document uses
             out += hits
     return tuple(out)
 

@@ -32,6 +32,10 @@ is linked by :func:`opening_name`, the first proper name of its first sentence (
 only where it is salient: when at most one other document names it (``context_features.SPAN_MAX_DOCS``), so that
 "American" or "United States" does not link a document to every other.
 
+A *titled* document is also linked, under the same bound, by :func:`subject_names`: the subject its text opens with
+when that is not its title ("Carroll County" under the title "Carroll County, New Hampshire") and the subject's
+variants.
+
 Variants are matched case-sensitively (:mod:`rag_opt.compressors.context_features`): a variant is a proper name, so
 "The Bridge" does not make every "the bridge" a link. Measured in ``docs/benchmarks.md`` (title-free links).
 """
@@ -45,7 +49,7 @@ from typing import TYPE_CHECKING, NamedTuple
 if TYPE_CHECKING:  # pragma: no cover
     from nicknames import NickNamer
 
-__all__ = ["MAX_SHORT_FORMS", "MAX_VARIANTS", "name_variants", "opening_name"]
+__all__ = ["MAX_SHORT_FORMS", "MAX_VARIANTS", "name_variants", "opening_name", "subject_names"]
 
 MAX_VARIANTS = 6  # at most this many variants per document by the rules above
 MAX_SHORT_FORMS = 16  # and at most this many by the short forms of the given name
@@ -185,3 +189,17 @@ def opening_name(text: str) -> str | None:
         if len(name) >= 4:
             return name
     return None
+
+
+def subject_names(title: str, text: str) -> tuple[str, ...]:
+    """Names a *titled* document's text gives it besides its title: the subject its text opens with and that
+    subject's :func:`name_variants`, when the subject is not the title itself (none otherwise). Under the title
+    "Carroll County, New Hampshire" the text opens with "Carroll County"; under "Dunlop Tyres", with "Dunlop";
+    under "Jeffrey Meldrum", with 'Don Jeffrey "Jeff" Meldrum' (→ "Don Meldrum", "Jeff Meldrum", ...). Links by
+    them count only where salient (``context_features.SPAN_MAX_DOCS``)."""
+    from rag_opt.text.titles import leading_subject
+
+    subject = leading_subject(text)
+    if not subject or subject == title:
+        return ()
+    return tuple(n for n in (subject, *name_variants(subject, text)) if n != title)

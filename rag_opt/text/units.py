@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rag_opt.text.name_variants import name_variants, opening_name
+from rag_opt.text.name_variants import name_variants, opening_name, subject_names
 from rag_opt.text.titles import DEFAULT_TITLE_KEYS, find_title, leading_subject
 from rag_opt.types import Document, UnitKind
 
@@ -39,10 +39,11 @@ class UnitTable:
     built from texts), ``link_names`` (the name other documents' sentences link to: the title, else the subject the
     text opens with, :func:`rag_opt.text.titles.leading_subject`; empty for tables built from texts),
     ``link_variants`` (other names an untitled document goes by, from its leading subject and first sentence:
-    :func:`rag_opt.text.name_variants.name_variants`; empty tuples for titled documents), ``link_spans`` (for an
-    untitled document that opens with no subject, the first proper name of its text,
-    :func:`rag_opt.text.name_variants.opening_name`: a link only where salient, see
-    :mod:`rag_opt.compressors.context_features`; empty tuples otherwise),
+    :func:`rag_opt.text.name_variants.name_variants`; empty tuples for titled documents), ``link_spans`` (names that
+    link only where salient, see :mod:`rag_opt.compressors.context_features`: for an untitled document that opens
+    with no subject, the first proper name of its text, :func:`rag_opt.text.name_variants.opening_name`; for a
+    titled document, the subject its text opens with when that is not the title, and its variants,
+    :func:`rag_opt.text.name_variants.subject_names`; empty tuples otherwise),
     ``title_tokens`` (0 for a title that is the text's own leading heading line: it is a unit of the text) and
     ``text_tokens`` (the whole text: BPE merges across units make it differ from the sum).
     ``language`` is the ISO 639 code the documents were segmented with (scorers' lexical features follow it).
@@ -112,8 +113,12 @@ class UnitTable:
             subject = None if found is not None else leading_subject(document.text)
             links.append(found.title if found is not None else subject)
             variants.append(name_variants(subject, document.text) if subject else ())
-            span = opening_name(document.text) if found is None and subject is None else None
-            spans.append((span,) if span else ())
+            if found is not None:  # a titled document: also the subject its text opens with, where salient
+                body = document.text[found.span[1] :] if found.span is not None else document.text
+                spans.append(subject_names(found.title, body))
+            else:
+                span = opening_name(document.text) if subject is None else None
+                spans.append((span,) if span else ())
             in_text = found is not None and found.span is not None
             title = None if found is None or in_text else found.title
             title_tokens.append(count(f"{title}\n") if title else 0)

@@ -8,6 +8,9 @@ A HotpotQA question's paragraphs can be given in three *title regimes*, as users
   tokens as under ``field``, and every feature is the same; only the unit's kind differs.
 * ``none``: no title anywhere. Every unit is a sentence, and the document is linked by the subject its text opens
   with (:func:`rag_opt.text.titles.leading_subject`), as the optimizer links an untitled document.
+
+Under ``field`` and ``text`` a paragraph is also linked, where salient, by the subject its text opens with when that
+is not its title (:func:`rag_opt.text.name_variants.subject_names`), as the optimizer links a titled document.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import random
 from collections.abc import Mapping, Sequence
 
 from rag_opt.errors import InvalidInputError
-from rag_opt.text.name_variants import name_variants, opening_name
+from rag_opt.text.name_variants import name_variants, opening_name, subject_names
 from rag_opt.text.segment import segment
 from rag_opt.text.titles import leading_subject
 from rag_opt.text.units import UnitTable
@@ -66,13 +69,14 @@ def hotpot_table(ex: HotpotExample, regime: str = "field") -> UnitTable:
         links = tuple(leading_subject(ex.paragraph_text(p)) for p in range(len(ex.sentences)))
         variants = tuple(name_variants(s, ex.paragraph_text(p)) if s else () for p, s in enumerate(links))
         opening = [None if s else opening_name(ex.paragraph_text(p)) for p, s in enumerate(links)]
-        spans = tuple((o,) if o else () for o in opening)
-        return dataclasses.replace(table, link_names=links, link_variants=variants, link_spans=spans)
+        openings: tuple[tuple[str, ...], ...] = tuple((o,) if o else () for o in opening)
+        return dataclasses.replace(table, link_names=links, link_variants=variants, link_spans=openings)
     table = UnitTable.titled(hotpot_units(ex))
+    spans = tuple(subject_names(t, ex.paragraph_text(p)) for p, t in enumerate(ex.titles))
     if regime == "text":
         kinds = tuple("heading" if k == "title" else k for k in table.kind)
-        return dataclasses.replace(table, kind=kinds, link_names=tuple(ex.titles))
-    return table
+        return dataclasses.replace(table, kind=kinds, link_names=tuple(ex.titles), link_spans=spans)
+    return dataclasses.replace(table, link_spans=spans)
 
 
 def parse_title_mix(text: str) -> dict[str, float]:
