@@ -165,8 +165,10 @@ def test_train_probe_cached_only_trains_on_what_is_cached_and_extracts_nothing(t
     assert main([*base, "--cached-only"]) != 0
     assert "no cached features" in capsys.readouterr().err
     assert main([*base, "--limit", "4"]) == 0  # an extraction that stopped after 4 questions
-    cache = feature_store(tmp_path / "c", load_proxy_model(), "train", 2, "parallel").target
+    # the default blocks are the shipped parallel probe's: with its cross-document reading (a store of its own)
+    cache = feature_store(tmp_path / "c", load_proxy_model(), "train-cross", 2, "parallel").target
     shards = cache.shards()
     assert main([*base, "--limit", "8", "--cached-only"]) == 0
     assert cache.shards() == shards and len(cache.ids()) == 4  # nothing extracted
     assert "4 questions" in Probe.load(out).metadata["trained_on"]
+    assert Probe.load(out).layout.blocks == shipped_probe("embedded:smollm2-135m", encoding="parallel").layout.blocks

@@ -146,6 +146,7 @@ def test_train_probe_reads_untitled_contexts_from_a_store_of_their_own(tmp_path)
     out = tmp_path / "probe.json"
     args = ["train-probe", "--data", str(data), "--out", str(out), "--cache", str(tmp_path / "c"), "--limit", "4"]
     args += ["--encoding", "parallel", "--layers", "2", "--context", "named_by_other"]
+    args += ["--blocks", "attn_last,attn_question,doc_attn_question,lexical"]  # no cross reading: plain stores
     assert main([*args, "--title-mix", "field=0.5,none=0.5"]) == 0
     proxy = load_proxy_model()
     titled = feature_store(tmp_path / "c", proxy, "train", 2, "parallel").load()

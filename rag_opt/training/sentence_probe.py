@@ -292,13 +292,13 @@ def train_probe_cli(
     """
     import time
 
-    from rag_opt.compressors.features import BASE_BLOCKS, DEFAULT_BLOCKS
+    from rag_opt.compressors.features import DEFAULT_BLOCKS
     from rag_opt.models.loader import load_proxy_model
 
     proxy = load_proxy_model(model, dtype=dtype)
     depth = layers or proxy.num_layers
-    # cross-document attention needs the joint encoding: the parallel default reads the other blocks
-    layout = FeatureLayout(blocks or (DEFAULT_BLOCKS if encoding == "joint" else BASE_BLOCKS), depth, proxy.num_heads)
+    # the shipped probes' blocks, for either encoding (the parallel one reads its own cross-document attention)
+    layout = FeatureLayout(blocks or DEFAULT_BLOCKS, depth, proxy.num_heads)
     cross = layout.needs_cross
     examples = read_hotpotqa(data, limit=limit, seed=seed)
     mix = dict(title_mix or {"field": 1.0})
