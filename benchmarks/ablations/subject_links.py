@@ -108,35 +108,31 @@ def run(n: int, offset: int = 0, titles: str = "none") -> dict[str, Any]:
     return out
 
 
+def _ci(d: list[float]) -> str:
+    return f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]"
+
+
+def _cell(metric: str, e: dict[str, Any], field: bool) -> str:
+    """One metric's figures: links / title only (``field``), or links / subject only / no links."""
+    if field:
+        return f"{metric} {e['links']:.3f} / {e['title_only']:.3f} ({_ci(e['diff'])})"
+    line = f"{metric} {e['links']:.3f} / {e.get('subject_only', float('nan')):.3f} / {e['no_links']:.3f}"
+    line += f" (vs none {_ci(e['diff'])}"
+    if e.get("diff_variants") is not None:
+        line += f"; other names {_ci(e['diff_variants'])}"
+    return line + ")"
+
+
 def show(res: dict[str, Any]) -> None:
-    if res.get("titles") == "field":
-        print(
-            f"HotpotQA dev, {res['questions']} questions from {res.get('offset', 0)}, given with a title field: "
-            "links (title + subject names) / title only (paired, 95 % CI)"
-        )
-        for key, entry in res["results"].items():
-            parts = []
-            for metric, e in entry.items():
-                d = e["diff"]
-                parts.append(
-                    f"{metric} {e['links']:.3f} / {e['title_only']:.3f} ({d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}])"
-                )
-            print(f"  {key}: " + "; ".join(parts))
-        return
-    print(
-        f"HotpotQA dev, {res['questions']} questions from {res.get('offset', 0)}, given without titles: links / "
-        "subject only / no links (paired, 95 % CI)"
+    field = res.get("titles") == "field"
+    given = (
+        "given with a title field: links (title + subject names) / title only"
+        if field
+        else "given without titles: links / subject only / no links"
     )
+    print(f"HotpotQA dev, {res['questions']} questions from {res.get('offset', 0)}, {given} (paired, 95 % CI)")
     for key, entry in res["results"].items():
-        parts = []
-        for metric, e in entry.items():
-            d, dv = e["diff"], e.get("diff_variants")
-            line = f"{metric} {e['links']:.3f} / {e.get('subject_only', float('nan')):.3f} / {e['no_links']:.3f}"
-            line += f" (vs none {d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]"
-            if dv is not None:
-                line += f"; other names {dv[0]:+.3f} [{dv[1]:+.3f}, {dv[2]:+.3f}]"
-            parts.append(line + ")")
-        print(f"  {key}: " + "; ".join(parts))
+        print(f"  {key}: " + "; ".join(_cell(metric, e, field) for metric, e in entry.items()))
 
 
 def main() -> None:

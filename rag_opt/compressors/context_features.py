@@ -103,7 +103,11 @@ def _mentions(
         pats = [p for p in [_title_pattern(title) if title else None] if p is not None]
         others = variants[d] if d < len(variants) else ()
         pats += [_variant_pattern(tuple(others))] if others else []
-        named = [(d, i) for i, (doc, text) in enumerate(texts) if doc != d and any(p.search(text) for p in pats)]
+        named = (
+            [(d, i) for i, (doc, text) in enumerate(texts) if doc != d and any(p.search(text) for p in pats)]
+            if pats
+            else []
+        )
         out += named
         salient = spans[d] if d < len(spans) else ()
         if not salient:
