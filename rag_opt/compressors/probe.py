@@ -1,4 +1,4 @@
-"""The sentence-relevance probe: standardisation + logistic regression over per-unit features.
+"""The sentence-relevance probe: standardisation + logistic regression (or one hidden layer) over per-unit features.
 
 Stored as plain JSON arrays with metadata (model, feature layout, training data) — never pickle. A probe is
 validated on load and refused when its layout does not match the loaded proxy model.
@@ -7,6 +7,10 @@ A sentence probe may have a second stage (:class:`ContextStage`): a small logist
 first-stage logit read together with its neighbours' and the other documents'
 (:mod:`rag_opt.compressors.context_features`), for multi-hop evidence. Such probes are written as format
 ``rag-opt-probe/2`` so that an older rag-opt refuses them instead of ignoring the second stage.
+
+A first stage may have one hidden layer (:class:`HiddenLayer`, GELU in its tanh form: a small network instead of a
+linear model, :mod:`rag_opt.training.mlp`); such probes are written as format ``rag-opt-probe/3`` (with or without a
+second stage), for the same reason.
 """
 
 from __future__ import annotations
@@ -27,12 +31,24 @@ from rag_opt.errors import DataNotFoundError, ProbeMismatchError
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.text.units import UnitTable
 
-__all__ = ["FORMAT", "FORMAT_CONTEXT", "ContextStage", "Probe", "shipped_probe", "sigmoid"]
+__all__ = [
+    "FORMAT",
+    "FORMAT_CONTEXT",
+    "FORMAT_HIDDEN",
+    "ContextStage",
+    "HiddenLayer",
+    "Probe",
+    "gelu_tanh",
+    "shipped_probe",
+    "sigmoid",
+]
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "rag-opt-probe/1"
 FORMAT_CONTEXT = "rag-opt-probe/2"  # a probe with a second (context) stage
+FORMAT_HIDDEN = "rag-opt-probe/3"  # a probe whose first stage has a hidden layer (a second stage optional)
+ACTIVATIONS = ("gelu_tanh",)
 
 
 def _checked(name: str, values: Any, size: int) -> np.ndarray:
@@ -42,6 +58,64 @@ def _checked(name: str, values: Any, size: int) -> np.ndarray:
     if not np.all(np.isfinite(arr)):
         raise ProbeMismatchError(f"probe {name} contains non-finite values")
     return arr
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU in its tanh form (``torch.nn.GELU(approximate="tanh")``): a hidden layer's activation."""
+    return 0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))
+
+
+def _compact(x: float) -> float:
+    """``x`` to 7 significant digits (float32's precision): a hidden layer's many weights, written compactly."""
+    return float(f"{x:.7g}")
+
+
+@dataclass
+class HiddenLayer:
+    """A first stage's hidden layer: ``gelu_tanh(standardised features @ weights.T + bias)``, then the probe's
+    output weights (one per hidden unit)."""
+
+    weights: np.ndarray  # (units, features)
+    bias: np.ndarray  # (units,)
+    activation: str = "gelu_tanh"
+
+    def __post_init__(self) -> None:
+        self.weights = np.asarray(self.weights, dtype=np.float64)
+        if self.weights.ndim != 2 or not self.weights.size:
+            raise ProbeMismatchError(
+                f"probe hidden weights have shape {self.weights.shape}, expected (units, features)"
+            )
+        self.bias = _checked("hidden bias", self.bias, self.weights.shape[0])
+        if not np.all(np.isfinite(self.weights)):
+            raise ProbeMismatchError("probe hidden weights contain non-finite values")
+        if self.activation not in ACTIVATIONS:
+            raise ProbeMismatchError(f"probe hidden activation {self.activation!r} is not one of {list(ACTIVATIONS)}")
+
+    @property
+    def units(self) -> int:
+        return int(self.weights.shape[0])
+
+    def __call__(self, standardised: np.ndarray) -> np.ndarray:
+        if standardised.shape[-1] != self.weights.shape[1]:
+            raise ProbeMismatchError(
+                f"{standardised.shape[-1]} features for a hidden layer of {self.weights.shape[1]} inputs"
+            )
+        return gelu_tanh(standardised @ self.weights.T + self.bias)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "activation": self.activation,
+            "weights": [[_compact(x) for x in row] for row in self.weights.tolist()],
+            "bias": [_compact(x) for x in self.bias.tolist()],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> HiddenLayer:
+        return cls(
+            weights=np.asarray(data["weights"], dtype=np.float64),
+            bias=np.asarray(data["bias"], dtype=np.float64),
+            activation=str(data["activation"]),
+        )
 
 
 @dataclass
@@ -101,13 +175,20 @@ class Probe:
     bias: float
     metadata: dict[str, Any] = field(default_factory=dict)
     context: ContextStage | None = None
+    hidden: HiddenLayer | None = None  # with one: ``weights`` are the output weights, one per hidden unit
 
     def __post_init__(self) -> None:
         d = self.layout.size
-        for name in ("mean", "scale", "weights"):
+        if self.hidden is not None and self.hidden.weights.shape[1] != d:
+            raise ProbeMismatchError(
+                f"probe hidden layer reads {self.hidden.weights.shape[1]} features, layout has {d}"
+            )
+        sizes = {"mean": d, "scale": d, "weights": self.hidden.units if self.hidden is not None else d}
+        for name, size in sizes.items():
             arr = getattr(self, name)
-            if arr.shape != (d,):
-                raise ProbeMismatchError(f"probe {name} has shape {arr.shape}, layout needs ({d},)")
+            if arr.shape != (size,):
+                what = "the hidden layer needs" if self.hidden is not None and name == "weights" else "layout needs"
+                raise ProbeMismatchError(f"probe {name} has shape {arr.shape}, {what} ({size},)")
             if not np.all(np.isfinite(arr)):
                 raise ProbeMismatchError(f"probe {name} contains non-finite values")
         if np.any(self.scale <= 0):
@@ -118,7 +199,10 @@ class Probe:
     def decision(self, features: np.ndarray) -> np.ndarray:
         if features.ndim != 2 or features.shape[1] != self.layout.size:
             raise ProbeMismatchError(f"features have shape {features.shape}, the probe expects (n, {self.layout.size})")
-        return ((features - self.mean) / self.scale) @ self.weights + self.bias
+        z = (features - self.mean) / self.scale
+        if self.hidden is not None:
+            z = self.hidden(z)
+        return z @ self.weights + self.bias
 
     def predict_proba(self, features: np.ndarray) -> np.ndarray:
         """The first stage's probabilities (a probe without a context stage: its scores)."""
@@ -168,7 +252,7 @@ class Probe:
     # -- persistence -------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         out = {
-            "format": FORMAT if self.context is None else FORMAT_CONTEXT,
+            "format": FORMAT_HIDDEN if self.hidden is not None else FORMAT if self.context is None else FORMAT_CONTEXT,
             "model": self.model,
             "layout": self.layout.to_dict(),
             "bias": float(self.bias),
@@ -179,21 +263,28 @@ class Probe:
         }
         if self.context is not None:
             out["context"] = self.context.to_dict()
+        if self.hidden is not None:
+            out["hidden"] = self.hidden.to_dict()
         return out
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1))
+        # a hidden layer's tens of thousands of weights, one per line, would more than double the file
+        Path(path).write_text(json.dumps(self.to_dict(), indent=1 if self.hidden is None else None))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "probe") -> Probe:
         try:
             fmt = data.get("format")
-            if fmt not in (FORMAT, FORMAT_CONTEXT):
-                raise ValueError(f"unsupported format {fmt!r}, expected {FORMAT!r} or {FORMAT_CONTEXT!r}")
-            if (fmt == FORMAT_CONTEXT) != ("context" in data):
+            if fmt not in (FORMAT, FORMAT_CONTEXT, FORMAT_HIDDEN):
+                raise ValueError(
+                    f"unsupported format {fmt!r}, expected {FORMAT!r}, {FORMAT_CONTEXT!r} or {FORMAT_HIDDEN!r}"
+                )
+            if fmt != FORMAT_HIDDEN and (fmt == FORMAT_CONTEXT) != ("context" in data):
                 raise ValueError(
                     f"format {fmt!r} {'needs' if fmt == FORMAT_CONTEXT else 'cannot carry'} a context stage"
                 )
+            if (fmt == FORMAT_HIDDEN) != ("hidden" in data):
+                raise ValueError(f"format {fmt!r} {'needs' if fmt == FORMAT_HIDDEN else 'cannot carry'} a hidden layer")
             lay = data["layout"]
             layout = FeatureLayout(
                 tuple(lay["blocks"]), int(lay["num_layers"]), int(lay["num_heads"]), str(lay.get("level", "unit"))
@@ -207,6 +298,7 @@ class Probe:
                 bias=float(data["bias"]),
                 metadata=dict(data.get("metadata") or {}),
                 context=ContextStage.from_dict(data["context"]) if "context" in data else None,
+                hidden=HiddenLayer.from_dict(data["hidden"]) if "hidden" in data else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ProbeMismatchError(f"invalid {source}: {exc}") from None

@@ -18,13 +18,14 @@ import numpy as np
 
 from rag_opt.compressors.context_features import DEFAULT_CONTEXT
 from rag_opt.compressors.features import FeatureLayout
-from rag_opt.compressors.probe import ContextStage, Probe
+from rag_opt.compressors.probe import ContextStage, HiddenLayer, Probe
 from rag_opt.errors import DataNotFoundError, InvalidInputError
 from rag_opt.models.extract import AttentionFeatures
 from rag_opt.models.prompt import TEMPLATE_ID, template_for
 from rag_opt.training.datasets import HotpotExample, read_hotpotqa
 from rag_opt.training.feature_cache import FeatureCache, FeatureStore, fill_cache
 from rag_opt.training.logistic import cross_val_scores, train_logistic
+from rag_opt.training.mlp import MLPConfig, cross_val_mlp_scores, train_mlp
 from rag_opt.training.units import assign_title_regimes, hotpot_table, regime_units
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -181,6 +182,7 @@ def build_training_set(
 
 
 L2_GRID = (1e-3, 1e-2, 1e-1, 3e-1)
+CONTEXT_FOLDS = 5  # the second stage is fit on first-stage logits held out this many ways (folds by question)
 
 
 def choose_l2(
@@ -245,18 +247,54 @@ def fit_probe(
     context: Sequence[str] | None = None,
     tables: Sequence[UnitTable] | None = None,
     sample_weight: np.ndarray | None = None,
+    mlp: MLPConfig | None = None,
 ) -> Probe:
-    """Fit the first stage on (X, y); with ``context`` feature names (and the ``tables`` of the rows), also the
-    second stage, on 5-fold held-out first-stage logits (folds by question, ``groups`` of the rows)."""
-    mean, scale, w, b = train_logistic(X, y, l2=l2, seed=seed, sample_weight=sample_weight)
-    stage = None
+    """Fit the first stage on (X, y) (``mlp``: with one hidden layer, :mod:`rag_opt.training.mlp`, and ``l2``
+    unused; else logistic); with ``context`` feature names (and the ``tables`` of the rows), also the second stage,
+    on 5-fold held-out first-stage logits (folds by question, ``groups`` of the rows)."""
+    from tqdm.auto import tqdm
+
+    hidden = None
+    held_out = None
+    folds_of: np.ndarray | None = None
     if context:
         if tables is None or groups is None:
             raise InvalidInputError("a context stage needs the unit tables and the question groups of the rows")
-        held_out = cross_val_scores(X, y, groups, l2=l2, seed=seed)
+        folds_of = groups
+    if mlp is not None:
+        networks = mlp.members * (1 + (CONTEXT_FOLDS if folds_of is not None else 0))
+        with tqdm(total=networks, desc="first-stage networks", mininterval=5.0) as bar:
+            if folds_of is not None:
+                held_out = cross_val_mlp_scores(
+                    X,
+                    y,
+                    folds_of,
+                    mlp,
+                    folds=CONTEXT_FOLDS,
+                    seed=seed,
+                    sample_weight=sample_weight,
+                    progress=bar.update,
+                )
+            net = train_mlp(X, y, mlp, seed=seed, sample_weight=sample_weight, progress=bar.update)
+        mean, scale, w, b = net.mean, net.scale, net.weights, net.bias
+        hidden = HiddenLayer(net.hidden_weights, net.hidden_bias)
+    else:
+        mean, scale, w, b = train_logistic(X, y, l2=l2, seed=seed, sample_weight=sample_weight)
+        if folds_of is not None:
+            held_out = cross_val_scores(X, y, folds_of, l2=l2, folds=CONTEXT_FOLDS, seed=seed)
+    stage = None
+    if context and tables is not None and held_out is not None:
         stage = fit_context_stage(tables, held_out, y, context, seed=seed)
     return Probe(
-        model=model_name, layout=layout, mean=mean, scale=scale, weights=w, bias=b, metadata=meta, context=stage
+        model=model_name,
+        layout=layout,
+        mean=mean,
+        scale=scale,
+        weights=w,
+        bias=b,
+        metadata=meta,
+        context=stage,
+        hidden=hidden,
     )
 
 
@@ -278,6 +316,7 @@ def train_probe_cli(
     encoding: str = "joint",
     cached_only: bool = False,
     title_mix: Mapping[str, float] | None = None,
+    mlp: MLPConfig | None = None,
 ) -> Probe:
     """Extract (or reuse cached) features, train the probe and write it as JSON.
 
@@ -288,7 +327,8 @@ def train_probe_cli(
     ``cached_only``: extract nothing, and train on the HotpotQA questions whose features are cached already (a
     long extraction may still be running; it writes whole shards atomically). ``title_mix``: the share of
     HotpotQA contexts in each title regime (:func:`rag_opt.training.units.parse_title_mix`; default all
-    ``field``); untitled contexts have a feature store of their own.
+    ``field``); untitled contexts have a feature store of their own. ``mlp``: a first stage with one hidden layer
+    (:mod:`rag_opt.training.mlp`; no L2 to choose) instead of a logistic one.
     """
     import time
 
@@ -360,7 +400,7 @@ def train_probe_cli(
         X, y, groups = np.concatenate([X, Xn]), np.concatenate([y, yn]), np.concatenate([groups, gn])
     t = time.perf_counter()
     losses: dict[float, float] = {}
-    if l2 is None:
+    if l2 is None and mlp is None:
         l2, losses = choose_l2(X, y, groups, seed=seed)
     trained_on = f"{Path(data).parent.name}/{Path(data).name}: {hotpot_questions} questions"
     if nq_questions:
@@ -370,19 +410,23 @@ def train_probe_cli(
         y,
         layout,
         proxy.name,
-        l2=l2,
+        l2=l2 or 0.0,
         seed=seed,
         groups=groups,
         context=context,
         tables=tables,
+        mlp=mlp,
         meta={
             "trained_on": f"{trained_on}; {len(y)} sentences",
             "positives": int(y.sum()),
             "labels": "HotpotQA: supporting facts + sentences containing the answer (yes/no answers mark no "
             "sentence); NQ: sentences of the gold passage containing an answer",
             "seed": seed,
-            "l2": l2,
-            "l2_heldout_logloss": {str(k): v for k, v in losses.items()},
+            **(
+                {"first_stage": {"kind": "mlp", **mlp.to_dict()}}
+                if mlp is not None
+                else {"l2": l2, "l2_heldout_logloss": {str(k): v for k, v in losses.items()}}
+            ),
             "template": template_for(encoding),
             "encoding": encoding,
             "layers": depth,
