@@ -18,7 +18,7 @@ weights are the members' divided by their number (:class:`MLPWeights`), so a pro
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -54,15 +54,7 @@ class MLPConfig:
             raise InvalidInputError("weight decay must be non-negative and the learning rate positive")
 
     def to_dict(self) -> dict[str, float | int]:
-        return {
-            "hidden": self.hidden,
-            "members": self.members,
-            "dropout": self.dropout,
-            "weight_decay": self.weight_decay,
-            "epochs": self.epochs,
-            "learning_rate": self.learning_rate,
-            "batch_size": self.batch_size,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)
