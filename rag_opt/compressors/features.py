@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rag_opt.compressors.lexical import bm25_scores, term_overlap
+from rag_opt.compressors.lexical import RECORD_TERMS, bm25_scores, term_overlap
+from rag_opt.compressors.structured import structured_rows
 from rag_opt.errors import ProbeMismatchError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -183,6 +184,10 @@ def lexical_features(question: str, units: UnitTable, unit_tokens: np.ndarray) -
     language = units.language
     bm = bm25_scores(question, flat, language)
     ov = term_overlap(question, flat, language)
+    rows = structured_rows(units)
+    if rows.any():  # records are often named by a single character (item 3): their rows read those terms too
+        bm[rows] = bm25_scores(question, flat, language, pattern=RECORD_TERMS)[rows]
+        ov[rows] = term_overlap(question, flat, language, pattern=RECORD_TERMS)[rows]
     doc_texts = units.document_texts()
     dbm = bm25_scores(question, doc_texts, language)
     dov = term_overlap(question, doc_texts, language)
@@ -193,6 +198,9 @@ def lexical_features(question: str, units: UnitTable, unit_tokens: np.ndarray) -
         for rank, r in enumerate(cands):
             first[r] = 1.0 if rank == 0 else 0.0
             pos[r] = rank / max(len(cands) - 1, 1)
+    if rows.any():  # a record's place in its list says nothing of its relevance (prose's lead sentence does)
+        first[rows] = 0.0
+        pos[rows] = 0.5
     out = np.stack(
         [
             bm / (bm.max() if n and bm.max() > 0 else 1.0),

@@ -5,7 +5,10 @@ A small proxy model's attention does not single out one record among hundreds of
 the question word for word. So a candidate unit inside a structured block (a row with an opener:
 :attr:`rag_opt.text.units.UnitTable.parent`) scores the better of its proxy score and its lexical-probe score
 (:class:`~rag_opt.compressors.lexical_scorer.LexicalScorer`: BM25 and term overlap, no model, milliseconds);
-prose keeps its proxy score.
+prose keeps its proxy score. A row's lexical features read every term, single characters too, and pairs of
+adjacent terms (:data:`rag_opt.compressors.lexical.RECORD_TERMS`: ``item 3`` is named by its ``3``, and ``item 26``
+outranks a row priced ``26.00``), and carry no position prior (no row is a lead sentence):
+:func:`rag_opt.compressors.features.lexical_features`.
 """
 
 from __future__ import annotations
