@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ __all__ = [
     "build_optimizer",
     "default_data_dir",
     "nonneg_int",
+    "positive_float",
     "optimizer_kwargs",
     "positive_int",
     "read_documents",
@@ -78,6 +80,17 @@ def positive_int(value: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
     return n
+
+
+def positive_float(value: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {value!r}") from None
+    if not (math.isfinite(x) and x > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {value}")
+    return x
 
 
 def add_budget_args(p: argparse.ArgumentParser) -> None:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rag_opt.cli.common import UserError, add_model_args, default_data_dir, nonneg_int, positive_int
+from rag_opt.cli.common import UserError, add_model_args, default_data_dir, nonneg_int, positive_float, positive_int
 from rag_opt.install import install_hint
 
 __all__ = ["register"]
@@ -64,6 +64,12 @@ def register(sub: Any) -> None:
         help="also learn from the answer sentences of this many NQ train contexts of 10 documents (default 0)",
     )
     p.add_argument("--nq-data", default=None, help="NQ multi-doc JSONL(.gz) (default ../shared/data/nq_multidoc)")
+    p.add_argument(
+        "--nq-weight",
+        type=positive_float,
+        default=1.0,
+        help="how much each NQ sentence counts in the first stage's loss against a HotpotQA sentence's 1 (default 1)",
+    )
     p.add_argument(
         "--cached-only",
         action="store_true",
@@ -287,6 +293,8 @@ def _train_probe(args: argparse.Namespace) -> int:
         raise UserError("--l2 is the L2 strength of a logistic first stage: drop --hidden, or drop --l2")
     if not hidden and args.members is not None:
         raise UserError("--members averages networks with hidden units: drop it, or give --hidden N")
+    if args.nq_weight != 1.0 and not args.nq:
+        raise UserError("--nq-weight weighs the NQ training contexts: give --nq N too")
     mlp = MLPConfig(hidden=hidden, **({"members": args.members} if args.members else {})) if hidden else None
     train_probe_cli(
         data=_data(args.data, "hotpotqa", "train.jsonl.gz"),
@@ -306,6 +314,7 @@ def _train_probe(args: argparse.Namespace) -> int:
         cached_only=args.cached_only,
         title_mix=_title_mix(args.title_mix),
         mlp=mlp,
+        nq_weight=args.nq_weight,
     )
     return 0
 

@@ -51,14 +51,23 @@ def train_logistic(
 
 
 def cross_val_scores(
-    X: np.ndarray, y: np.ndarray, groups: np.ndarray, *, l2: float, folds: int = 5, seed: int = 0
+    X: np.ndarray,
+    y: np.ndarray,
+    groups: np.ndarray,
+    *,
+    l2: float,
+    folds: int = 5,
+    seed: int = 0,
+    sample_weight: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Held-out probe logits for every row: ``folds`` folds split by question (group), fixed seed."""
+    """Held-out probe logits for every row: ``folds`` folds split by question (group), fixed seed; each fold's
+    probe fitted with the rows' ``sample_weight`` (None: all count alike)."""
     rng = np.random.default_rng(seed)
     qs = rng.permutation(np.unique(groups))
     out = np.zeros(len(y))
     for f in range(folds):
         held = np.isin(groups, qs[f::folds])
-        mean, scale, w, b = train_logistic(X[~held], y[~held], l2=l2, seed=seed)
+        sw = sample_weight[~held] if sample_weight is not None else None
+        mean, scale, w, b = train_logistic(X[~held], y[~held], l2=l2, seed=seed, sample_weight=sw)
         out[held] = ((X[held] - mean) / scale) @ w + b
     return out

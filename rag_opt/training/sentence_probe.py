@@ -186,9 +186,16 @@ CONTEXT_FOLDS = 5  # the second stage is fit on first-stage logits held out this
 
 
 def choose_l2(
-    X: np.ndarray, y: np.ndarray, groups: np.ndarray, *, grid: tuple[float, ...] = L2_GRID, seed: int = 0
+    X: np.ndarray,
+    y: np.ndarray,
+    groups: np.ndarray,
+    *,
+    grid: tuple[float, ...] = L2_GRID,
+    seed: int = 0,
+    sample_weight: np.ndarray | None = None,
 ) -> tuple[float, dict[float, float]]:
-    """Pick the L2 strength with the lowest log-loss on 20 % of the questions held out (split by question)."""
+    """Pick the L2 strength with the lowest log-loss on 20 % of the questions held out (split by question); with
+    ``sample_weight``, fitted and scored with the rows' weights."""
     rng = np.random.default_rng(seed)
     qs = np.unique(groups)
     held = set(rng.choice(qs, size=max(1, len(qs) // 5), replace=False).tolist())
@@ -196,11 +203,13 @@ def choose_l2(
     if y[~mask].min() == y[~mask].max() or y[mask].min() == y[mask].max():
         return grid[0], {}
     losses: dict[float, float] = {}
+    weight = np.ones(len(y)) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     for l2 in grid:
-        mean, scale, w, b = train_logistic(X[~mask], y[~mask], l2=l2, seed=seed)
+        mean, scale, w, b = train_logistic(X[~mask], y[~mask], l2=l2, seed=seed, sample_weight=weight[~mask])
         z = np.clip(((X[mask] - mean) / scale) @ w + b, -30, 30)
         p = 1 / (1 + np.exp(-z))
-        losses[l2] = float(-np.mean(y[mask] * np.log(p + 1e-12) + (1 - y[mask]) * np.log(1 - p + 1e-12)))
+        loss = -(y[mask] * np.log(p + 1e-12) + (1 - y[mask]) * np.log(1 - p + 1e-12))
+        losses[l2] = float(np.average(loss, weights=weight[mask]))
     best = min(losses, key=lambda k: losses[k])
     logger.info("held-out log-loss by l2: %s -> %s", losses, best)
     return best, losses
@@ -281,7 +290,9 @@ def fit_probe(
     else:
         mean, scale, w, b = train_logistic(X, y, l2=l2, seed=seed, sample_weight=sample_weight)
         if folds_of is not None:
-            held_out = cross_val_scores(X, y, folds_of, l2=l2, folds=CONTEXT_FOLDS, seed=seed)
+            held_out = cross_val_scores(
+                X, y, folds_of, l2=l2, folds=CONTEXT_FOLDS, seed=seed, sample_weight=sample_weight
+            )
     stage = None
     if context and tables is not None and held_out is not None:
         stage = fit_context_stage(tables, held_out, y, context, seed=seed)
@@ -317,6 +328,7 @@ def train_probe_cli(
     cached_only: bool = False,
     title_mix: Mapping[str, float] | None = None,
     mlp: MLPConfig | None = None,
+    nq_weight: float = 1.0,
 ) -> Probe:
     """Extract (or reuse cached) features, train the probe and write it as JSON.
 
@@ -328,13 +340,20 @@ def train_probe_cli(
     long extraction may still be running; it writes whole shards atomically). ``title_mix``: the share of
     HotpotQA contexts in each title regime (:func:`rag_opt.training.units.parse_title_mix`; default all
     ``field``); untitled contexts have a feature store of their own. ``mlp``: a first stage with one hidden layer
-    (:mod:`rag_opt.training.mlp`; no L2 to choose) instead of a logistic one.
+    (:mod:`rag_opt.training.mlp`; no L2 to choose) instead of a logistic one. ``nq_weight``: how much each NQ
+    row counts in the first stage's loss (and in choosing its L2) against a HotpotQA row's 1; the second stage is
+    fitted unweighted.
     """
+    import math
     import time
 
     from rag_opt.compressors.features import DEFAULT_BLOCKS
     from rag_opt.models.loader import load_proxy_model
 
+    if not (math.isfinite(nq_weight) and nq_weight > 0):
+        raise InvalidInputError(f"the NQ rows' weight must be a positive number, got {nq_weight}")
+    if nq_weight != 1.0 and not nq_limit:
+        raise InvalidInputError("an NQ rows' weight needs NQ training contexts (nq_limit)")
     proxy = load_proxy_model(model, dtype=dtype)
     depth = layers or proxy.num_layers
     # the shipped probes' blocks, for either encoding (the parallel one reads its own cross-document attention)
@@ -372,6 +391,7 @@ def train_probe_cli(
             )
         features.update(store.load(ex.id for ex in mine))
     tables: list[UnitTable] = []
+    sample_weight: np.ndarray | None = None
     regimes = [regime_of[ex.id] for ex in examples]
     X, y, groups = build_training_set(examples, features, layout, tables=tables, regimes=regimes)
     hotpot_questions = len(np.unique(groups))
@@ -398,10 +418,12 @@ def train_probe_cli(
         )
         nq_questions = len(np.unique(gn))
         X, y, groups = np.concatenate([X, Xn]), np.concatenate([y, yn]), np.concatenate([groups, gn])
+        if nq_weight != 1.0:
+            sample_weight = np.concatenate([np.ones(len(y) - len(yn)), np.full(len(yn), nq_weight)])
     t = time.perf_counter()
     losses: dict[float, float] = {}
     if l2 is None and mlp is None:
-        l2, losses = choose_l2(X, y, groups, seed=seed)
+        l2, losses = choose_l2(X, y, groups, seed=seed, sample_weight=sample_weight)
     trained_on = f"{Path(data).parent.name}/{Path(data).name}: {hotpot_questions} questions"
     if nq_questions:
         trained_on += f" + nq_multidoc train split: {nq_questions} contexts of 10 documents"
@@ -416,6 +438,7 @@ def train_probe_cli(
         context=context,
         tables=tables,
         mlp=mlp,
+        sample_weight=sample_weight,
         meta={
             "trained_on": f"{trained_on}; {len(y)} sentences",
             "positives": int(y.sum()),
@@ -433,6 +456,7 @@ def train_probe_cli(
             "precision": str(proxy.dtype).removeprefix("torch."),
             "context_stage": list(context or []),
             "title_mix": mix,
+            **({"nq_weight": nq_weight} if nq_weight != 1.0 else {}),
         },
     )
     logger.info("probe trained in %.1f s on %d sentences (%d positive)", time.perf_counter() - t, len(y), y.sum())
