@@ -16,6 +16,24 @@ from rag_opt.server.json_edit import JsonEditor, JsonPath
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
+# a tool result of 60 product records, as a JSON array and as a CSV table ("How much does item 42 cost?")
+CATEGORIES = ("tools", "garden", "kitchen")
+RECORDS = [
+    {
+        "id": i,
+        "name": f"item {i}",
+        "category": CATEGORIES[i % 3],
+        "price": round(3.5 + i * 1.25, 2),
+        "stock": i * 7 % 50,
+    }
+    for i in range(1, 61)
+]
+RECORDS_JSON = json.dumps(RECORDS, indent=2)  # 60 records, ~6,400 characters
+CSV_HEADER = "id,name,category,price,stock"
+CSV_ROWS = [f"{r['id']},{r['name']},{r['category']},{r['price']:.2f},{r['stock']}" for r in RECORDS]
+RECORDS_CSV = CSV_HEADER + "\n" + "\n".join(CSV_ROWS)  # ~2,000 characters
+
+
 def data_path(*parts: str) -> Path:
     path = DATA.joinpath(*parts)
     if not path.exists():

@@ -18,17 +18,9 @@ from rag_opt.compressors.structured import structured_rows
 from rag_opt.pipeline import ContextOptimizer
 from rag_opt.text.units import UnitTable
 from rag_opt.types import Document
+from tests.helpers import RECORDS, RECORDS_CSV, RECORDS_JSON
 
-CATEGORIES = ("tools", "garden", "kitchen")
-RECORDS = [
-    {"id": i, "name": f"item {i}", "category": CATEGORIES[i % 3], "price": round(3.5 + i * 1.25, 2)}
-    | {"stock": i * 7 % 50}
-    for i in range(1, 61)
-]
-AS_JSON = json.dumps(RECORDS, indent=2)
-AS_CSV = "id,name,category,price,stock\n" + "\n".join(
-    f"{r['id']},{r['name']},{r['category']},{r['price']:.2f},{r['stock']}" for r in RECORDS
-)
+AS_JSON, AS_CSV = RECORDS_JSON, RECORDS_CSV
 
 
 def _kept_record(result, text: str, k: int, fmt: str) -> bool:

@@ -13,26 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.helpers import CSV_HEADER, CSV_ROWS, RECORDS, RECORDS_CSV, RECORDS_JSON
 from tests.upstream_server import FakeUpstream, ServerThread, serve_proxy
 
 pytestmark = pytest.mark.model
 
 QUESTION = "How much does item 42 cost?"
-CATEGORIES = ("tools", "garden", "kitchen")
-RECORDS = [
-    {
-        "id": i,
-        "name": f"item {i}",
-        "category": CATEGORIES[i % 3],
-        "price": round(3.5 + i * 1.25, 2),
-        "stock": i * 7 % 50,
-    }
-    for i in range(1, 61)
-]
-RECORDS_JSON = json.dumps(RECORDS, indent=2)  # 60 records, ~6,400 characters
-CSV_HEADER = "id,name,category,price,stock"
-CSV_ROWS = [f"{r['id']},{r['name']},{r['category']},{r['price']:.2f},{r['stock']}" for r in RECORDS]
-RECORDS_CSV = CSV_HEADER + "\n" + "\n".join(CSV_ROWS)  # ~2,000 characters
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from rag_opt.errors import InvalidInputError
-from rag_opt.training.logistic import cross_val_scores
-from rag_opt.training.sentence_probe import choose_l2, train_probe_cli
+from rag_opt.training.logistic import choose_l2, cross_val_scores
+from rag_opt.training.sentence_probe import train_probe_cli
 
 
 def _conflicting_groups() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

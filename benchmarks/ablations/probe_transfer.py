@@ -36,8 +36,12 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py and its siblings
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ablations/: record_terms.py
 from common import data_dir, paired_bootstrap  # noqa: E402
 from compression import hotpot_documents, hotpot_metrics, squad_examples, squad_metrics  # noqa: E402
+from record_terms import BUDGET as RECORD_BUDGET  # noqa: E402  (the record lookups of record_terms.py)
+from record_terms import RECORDS, kept_record  # noqa: E402
+from record_terms import documents as record_documents  # noqa: E402
 
 from rag_opt.compressors import SentinelCompressor  # noqa: E402
 from rag_opt.pipeline import ContextOptimizer  # noqa: E402
@@ -46,33 +50,6 @@ from rag_opt.training.datasets import read_hotpotqa  # noqa: E402
 logger = logging.getLogger("probe_transfer")
 RATIOS = (1 / 3, 1 / 5)
 ARMS = ("shipped", "candidate")
-CATEGORIES = ("tools", "garden", "kitchen")
-RECORDS = [
-    {
-        "id": i,
-        "name": f"item {i}",
-        "category": CATEGORIES[i % 3],
-        "price": round(3.5 + i * 1.25, 2),
-        "stock": i * 7 % 50,
-    }
-    for i in range(1, 61)
-]
-RECORD_BUDGET = 10  # target tokens: less than one record, so the best-scored record decides
-
-
-def _record_documents() -> dict[str, str]:
-    csv = "id,name,category,price,stock\n" + "\n".join(
-        f"{r['id']},{r['name']},{r['category']},{r['price']:.2f},{r['stock']}" for r in RECORDS
-    )
-    return {"json": json.dumps(RECORDS, indent=2), "csv": csv}
-
-
-def _record_kept(result: Any, text: str, fmt: str, k: int) -> float:
-    """1.0 when the kept text holds record ``k`` (its price, in that record's own row), else 0.0."""
-    price = f"{RECORDS[k - 1]['price']:.2f}" if fmt == "csv" else json.dumps(RECORDS[k - 1]["price"])
-    row = f"{k},item {k}," if fmt == "csv" else f'"id": {k},'
-    kept = [text[u.start : u.end] for d in result.documents for u in d.units if u.kept]
-    return float(any(row in unit and price in unit for unit in kept))
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -96,13 +73,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     for name in ("answer_sentence_kept", "answer_retention"):
                         add(f"squad {r:.2f} {name}", arm, m[name])
     if args.records:
-        docs = _record_documents()
+        docs = record_documents()
         ks = random.Random(0).sample(range(1, len(RECORDS) + 1), args.records)
         for k in tqdm(ks, desc="records", mininterval=10):
             for fmt, text in docs.items():
                 for arm, opt in opts.items():
                     result = opt.optimize(f"How much does item {k} cost?", [text], target_tokens=RECORD_BUDGET)
-                    add(f"records {fmt} record_kept", arm, _record_kept(result, text, fmt, k))
+                    add(f"records {fmt} record_kept", arm, float(kept_record(result, text, fmt, k)))
     if args.hotpot:
         lo, hi = (int(x) for x in args.hotpot.split(":"))
         questions = read_hotpotqa(data_dir() / "hotpotqa" / "dev.jsonl.gz", seed=0, limit=hi)[lo:]

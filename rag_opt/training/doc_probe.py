@@ -28,9 +28,9 @@ from rag_opt.models.extract import AttentionFeatures
 from rag_opt.models.prompt import template_for
 from rag_opt.orderers.profiles import PositionProfile
 from rag_opt.training.feature_cache import FeatureCache, FeatureStore
-from rag_opt.training.logistic import cross_val_scores
+from rag_opt.training.logistic import choose_l2, cross_val_scores
 from rag_opt.training.nq_contexts import NQInstance, extract_nq, nq_records, random_positions
-from rag_opt.training.sentence_probe import choose_l2, feature_cache_for, feature_store, fit_probe
+from rag_opt.training.sentence_probe import feature_cache_for, feature_store, fit_probe
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.models.loader import ProxyModel

@@ -20,7 +20,8 @@ from rag_opt.compressors.probe import Probe
 from rag_opt.errors import InvalidInputError
 from rag_opt.text.units import UnitTable
 from rag_opt.training.datasets import HotpotExample, read_hotpotqa
-from rag_opt.training.sentence_probe import choose_l2, fit_probe, regime_labels
+from rag_opt.training.logistic import choose_l2
+from rag_opt.training.sentence_probe import fit_probe, regime_labels
 from rag_opt.training.units import assign_title_regimes, hotpot_table
 
 __all__ = ["LEXICAL_CONTEXT", "build_lexical_training_set", "train_lexical_probe"]

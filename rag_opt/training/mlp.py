@@ -25,6 +25,7 @@ import numpy as np
 
 from rag_opt.compressors.probe import gelu_tanh
 from rag_opt.errors import InvalidInputError
+from rag_opt.training.logistic import question_folds
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -163,11 +164,8 @@ def cross_val_mlp_scores(
 ) -> np.ndarray:
     """Held-out first-stage logits for every row: ``folds`` folds split by question (group), fixed seed (the same
     folds as :func:`rag_opt.training.logistic.cross_val_scores`). ``progress`` is called after each network."""
-    rng = np.random.default_rng(seed)
-    qs = rng.permutation(np.unique(groups))
     out = np.zeros(len(y))
-    for f in range(folds):
-        held = np.isin(groups, qs[f::folds])
+    for held in question_folds(groups, folds=folds, seed=seed):
         sw = sample_weight[~held] if sample_weight is not None else None
         net = train_mlp(X[~held], y[~held], config, seed=seed, sample_weight=sw, progress=progress)
         out[held] = net.decision(X[held])

@@ -24,7 +24,7 @@ from rag_opt.models.extract import AttentionFeatures
 from rag_opt.models.prompt import TEMPLATE_ID, template_for
 from rag_opt.training.datasets import HotpotExample, read_hotpotqa
 from rag_opt.training.feature_cache import FeatureCache, FeatureStore, fill_cache
-from rag_opt.training.logistic import cross_val_scores, train_logistic
+from rag_opt.training.logistic import choose_l2, cross_val_scores, train_logistic
 from rag_opt.training.mlp import MLPConfig, cross_val_mlp_scores, train_mlp
 from rag_opt.training.units import assign_title_regimes, hotpot_table, regime_units
 
@@ -34,7 +34,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "build_training_set",
-    "choose_l2",
     "extract_hotpot",
     "feature_cache_for",
     "feature_folder",
@@ -181,38 +180,7 @@ def build_training_set(
     return np.concatenate(xs), np.concatenate(ys).astype(np.float64), np.concatenate(gs)
 
 
-L2_GRID = (1e-3, 1e-2, 1e-1, 3e-1)
 CONTEXT_FOLDS = 5  # the second stage is fit on first-stage logits held out this many ways (folds by question)
-
-
-def choose_l2(
-    X: np.ndarray,
-    y: np.ndarray,
-    groups: np.ndarray,
-    *,
-    grid: tuple[float, ...] = L2_GRID,
-    seed: int = 0,
-    sample_weight: np.ndarray | None = None,
-) -> tuple[float, dict[float, float]]:
-    """Pick the L2 strength with the lowest log-loss on 20 % of the questions held out (split by question); with
-    ``sample_weight``, fitted and scored with the rows' weights."""
-    rng = np.random.default_rng(seed)
-    qs = np.unique(groups)
-    held = set(rng.choice(qs, size=max(1, len(qs) // 5), replace=False).tolist())
-    mask = np.array([g in held for g in groups])
-    if y[~mask].min() == y[~mask].max() or y[mask].min() == y[mask].max():
-        return grid[0], {}
-    losses: dict[float, float] = {}
-    weight = np.ones(len(y)) if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
-    for l2 in grid:
-        mean, scale, w, b = train_logistic(X[~mask], y[~mask], l2=l2, seed=seed, sample_weight=weight[~mask])
-        z = np.clip(((X[mask] - mean) / scale) @ w + b, -30, 30)
-        p = 1 / (1 + np.exp(-z))
-        loss = -(y[mask] * np.log(p + 1e-12) + (1 - y[mask]) * np.log(1 - p + 1e-12))
-        losses[l2] = float(np.average(loss, weights=weight[mask]))
-    best = min(losses, key=lambda k: losses[k])
-    logger.info("held-out log-loss by l2: %s -> %s", losses, best)
-    return best, losses
 
 
 def fit_context_stage(
