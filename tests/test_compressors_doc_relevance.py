@@ -247,7 +247,9 @@ def test_uncalibrated_size_says_so():
     assert not res.calibrated
     assert any("rag-opt calibrate --n-docs 3" in w for w in res.warnings)
     placed = optimize(ex.question, _docs(ex, 3, 1), ordering="calibrated")  # the default (parallel) encoding too
-    assert any("10-document profile resampled to 3 slots" in w for w in placed.warnings)
+    # placed are the documents kept (the default budget may leave one with nothing)
+    n = len(placed.documents)
+    assert any(f"10-document profile resampled to {n} slots" in w for w in placed.warnings), placed.warnings
 
 
 @pytest.mark.model

@@ -78,3 +78,20 @@ def test_only_record_rows_read_record_terms_and_lose_their_position_prior() -> N
     assert (feats[rows, 5] == 0.0).all() and (feats[rows, 7] == 0.5).all()  # no record is "first"
     row3 = next(r for r in np.flatnonzero(rows) if units.texts[r].startswith("3,item 3,"))
     assert feats[row3, 0] == feats[rows, 0].max() == 1.0 or feats[row3, 0] == feats[:, 0].max()
+
+
+def test_structured_rows_score_their_lexical_match_however_sure_the_probe_is_of_them() -> None:
+    from rag_opt.compressors.structured import with_lexical_rows
+
+    docs = [Document(id="p", text="The shop sells many tools. Item 3 is a hammer."), Document(id="r", text=AS_CSV)]
+    units = UnitTable.build(docs, lambda s: max(1, len(s) // 4))
+    rows = structured_rows(units)
+    lexical = np.linspace(0.1, 0.2, units.n_units)
+    sure = np.full(units.n_units, 0.99)  # a probe sure of every unit alike (a hidden layer on rows it never saw)
+    out = with_lexical_rows(sure, units, lambda: lexical)
+    np.testing.assert_array_equal(out[rows], lexical[rows])  # the rows' order is their lexical match's
+    np.testing.assert_array_equal(out[~rows], sure[~rows])  # prose keeps the probe's scores
+    called = []
+    prose_only = UnitTable.build(docs[:1], lambda s: max(1, len(s) // 4))
+    assert with_lexical_rows(sure[: prose_only.n_units], prose_only, lambda: called.append(1) or lexical) is not None
+    assert not called  # no structured rows: the lexical scores are not computed

@@ -8,16 +8,25 @@ import numpy as np
 import pytest
 
 from rag_opt.compressors.features import FeatureLayout
-from rag_opt.compressors.probe import FORMAT_CONTEXT, FORMAT_HIDDEN, ContextStage, HiddenLayer, Probe, gelu_tanh
+from rag_opt.compressors.probe import (
+    FORMAT_CONTEXT,
+    FORMAT_HIDDEN,
+    FORMAT_HIDDEN_LINEAR,
+    ContextStage,
+    HiddenLayer,
+    Probe,
+    gelu_tanh,
+)
 from rag_opt.errors import InvalidInputError, ProbeMismatchError
 from rag_opt.training.logistic import train_logistic
 from rag_opt.training.mlp import MLPConfig, cross_val_mlp_scores, train_mlp
 
 
-def _hidden_probe(units=5, context=False):
+def _hidden_probe(units=5, context=False, linear=False):
     layout = FeatureLayout(("attn_last", "lexical"), 2, 9)
     d = layout.size
     rng = np.random.default_rng(0)
+    around = np.where(np.arange(d) >= 18, rng.standard_normal(d), 0.0) if linear else None
     stage = ContextStage(("own", "named_by_other"), np.zeros(2), np.ones(2), np.array([1.0, 0.5]), -1.0)
     return Probe(
         "embedded:smollm2-135m",
@@ -28,7 +37,7 @@ def _hidden_probe(units=5, context=False):
         0.1,
         {"k": "v"},
         context=stage if context else None,
-        hidden=HiddenLayer(rng.standard_normal((units, d)), rng.standard_normal(units)),
+        hidden=HiddenLayer(rng.standard_normal((units, d)), rng.standard_normal(units), linear=around),
     )
 
 
@@ -56,6 +65,21 @@ def test_a_hidden_layer_probe_round_trips_and_computes_its_network(tmp_path, con
     expected = gelu_tanh(((X - p.mean) / p.scale) @ p.hidden.weights.T + p.hidden.bias) @ p.weights + p.bias
     np.testing.assert_allclose(p.decision(X), expected)
     np.testing.assert_allclose(q.decision(X), expected, rtol=1e-5, atol=1e-5)  # written to 7 significant digits
+
+
+@pytest.mark.parametrize("context", [False, True])
+def test_features_passed_around_the_hidden_layer_round_trip_and_add_to_the_logit(tmp_path, context):
+    p = _hidden_probe(context=context, linear=True)
+    p.save(tmp_path / "p.json")
+    raw = json.loads((tmp_path / "p.json").read_text())
+    assert raw["format"] == FORMAT_HIDDEN_LINEAR and len(raw["hidden"]["linear"]) == p.layout.size
+    q = Probe.load(tmp_path / "p.json")
+    assert q.hidden is not None and q.hidden.linear is not None
+    X = np.random.default_rng(1).random((7, p.layout.size))
+    z = (X - p.mean) / p.scale
+    expected = gelu_tanh(z @ p.hidden.weights.T + p.hidden.bias) @ p.weights + z @ p.hidden.linear + p.bias
+    np.testing.assert_allclose(p.decision(X), expected)
+    np.testing.assert_allclose(q.decision(X), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_gelu_tanh_is_torchs():
@@ -86,6 +110,13 @@ def test_malformed_hidden_layers_are_refused(tmp_path):
     refused({**good, "hidden": {**good["hidden"], "weights": narrow}}, "hidden layer reads")
     bad = [[float("nan")] * len(good["hidden"]["weights"][0])] + good["hidden"]["weights"][1:]
     refused({**good, "hidden": {**good["hidden"], "weights": bad}}, "non-finite")
+    # linear weights around the network: only in format /4 (an older reader would ignore them), of the right shape
+    around = _hidden_probe(linear=True).to_dict()
+    refused({**around, "format": FORMAT_HIDDEN}, "cannot carry linear weights")
+    refused({**good, "format": FORMAT_HIDDEN_LINEAR}, "needs linear weights")
+    refused({**around, "hidden": {**around["hidden"], "linear": around["hidden"]["linear"][:-1]}}, "linear weights")
+    nan = [float("nan")] + around["hidden"]["linear"][1:]
+    refused({**around, "hidden": {**around["hidden"], "linear": nan}}, "non-finite")
 
 
 def test_a_hidden_layer_learns_what_a_logistic_first_stage_cannot():
@@ -107,6 +138,24 @@ def test_members_merge_into_one_network_that_averages_them():
     np.testing.assert_allclose(merged.decision(X), (a.decision(X) + b.decision(X)) / 2, rtol=1e-9, atol=1e-9)
     again = train_mlp(X, y, config, seed=5)  # deterministic for a seed
     np.testing.assert_array_equal(again.hidden_weights, merged.hidden_weights)
+
+
+def test_features_passed_around_the_network_count_linearly_and_the_hidden_layer_ignores_them():
+    X, y = _xor(2000)
+    rng = np.random.default_rng(3)
+    X[:, 5] = rng.standard_normal(len(y)) + 1.5 * y  # a feature that moves the odds the same way everywhere
+    config = MLPConfig(hidden=8, members=2, epochs=30, learning_rate=1e-2)
+    net = train_mlp(X, y, config, linear_columns=[5])
+    assert net.linear is not None and np.count_nonzero(net.linear) == 1 and net.linear[5] > 0
+    assert not net.hidden_weights[:, 5].any()
+    # far outside its training range the feature still adds exactly its weight per unit (no saturation)
+    far = X[:50].copy()
+    base = net.decision(far)
+    far[:, 5] += 40.0
+    np.testing.assert_allclose(net.decision(far) - base, 40.0 * net.linear[5] / net.scale[5], rtol=1e-9)
+    assert train_mlp(X, y, config).linear is None
+    with pytest.raises(InvalidInputError, match="linear feature columns"):
+        train_mlp(X, y, config, linear_columns=[6])
 
 
 def test_held_out_scores_come_from_networks_that_never_saw_their_rows():
@@ -139,6 +188,21 @@ def test_train_probe_options_that_contradict_each_other_are_refused(capsys):
     assert "drop --hidden" in capsys.readouterr().err
     assert main([*base, "--members", "2"]) != 0  # the default first stage is logistic
     assert "--members" in capsys.readouterr().err
+    assert main([*base, "--linear-blocks", "lexical"]) != 0
+    assert "--linear-blocks passes features around a hidden layer" in capsys.readouterr().err
+    assert main([*base, "--hidden", "8", "--linear-blocks", "lexicon"]) != 0
+    assert "'lexicon'" in capsys.readouterr().err
+
+
+def test_blocks_to_pass_around_the_network_must_be_in_the_layout():
+    from rag_opt.training.sentence_probe import fit_probe
+
+    X, y = _xor(200)
+    layout = FeatureLayout(("lexical",), 1, 9)
+    X = np.concatenate([X, X[:, :2]], axis=1)  # the lexical block's 8 columns
+    with pytest.raises(InvalidInputError, match="'cross_doc'.*not in the layout"):
+        fit_probe(X, y, layout, "m", l2=0.0, seed=0, meta={}, mlp=MLPConfig(hidden=4, linear_blocks=("cross_doc",)))
+    np.testing.assert_array_equal(FeatureLayout(("attn_last", "lexical"), 2, 9).columns(["lexical"]), range(18, 26))
 
 
 @pytest.mark.model
@@ -156,7 +220,20 @@ def test_train_probe_fits_a_hidden_layer_on_real_hotpotqa_and_the_compressor_run
     probe = Probe.load(out)
     assert probe.hidden is not None and probe.hidden.units == 16 and probe.context is not None
     assert probe.metadata["first_stage"]["kind"] == "mlp" and "l2" not in probe.metadata
+    # by default the lexical block goes around the network: linear weights there, none in the hidden layer
+    lexical = probe.layout.columns(["lexical"])
+    assert probe.metadata["first_stage"]["linear_blocks"] == ["lexical"] and probe.hidden.linear is not None
+    assert np.count_nonzero(probe.hidden.linear[lexical]) > 0 and np.delete(probe.hidden.linear, lexical).sum() == 0
+    assert not probe.hidden.weights[:, lexical].any()
     compressor = SentinelCompressor(proxy, probe, doc_probe=None, encoding="parallel")
     ex = hotpot_dev(1)[0]
     result = ContextOptimizer(scorer=compressor).optimize(ex["question"], hotpot_docs(ex), ratio=1 / 3)
     assert 0 < result.tokens_after < result.tokens_before
+    # a network is sure of rows it never saw alike: the records' lexical match still decides which one is kept
+    from tests.helpers import RECORDS_JSON
+
+    lookup = ContextOptimizer(scorer=compressor).optimize(
+        "What is the stock of item 42?", [RECORDS_JSON], target_tokens=10
+    )
+    kept = [RECORDS_JSON[u.start : u.end] for d in lookup.documents for u in d.units if u.kept]
+    assert any('"id": 42,' in unit for unit in kept), kept

@@ -13,9 +13,12 @@ trained:
   (``benchmarks/compression.py``'s setting); the answer sentence kept and the answer kept at 1/3 and 1/5;
 * ``--records K``: K lookups in a JSON list of 60 product records and in the same records as CSV ("How much does item
   k cost?", k drawn with a fixed seed), with a budget of 10 target tokens (less than one record): the asked record
-  kept. Structured rows take the higher of the probe's and the lexical score
-  (``rag_opt.compressors.structured.with_lexical_rows``), so a probe that is sure of every record overrides the
-  lexical scores;
+  kept. Structured rows score their lexical score (``rag_opt.compressors.structured.with_lexical_rows``; until
+  2026-12-05 the higher of the probe's and the lexical score, so a probe sure of every record overrode the lexical
+  scores);
+* ``--nq N`` (optional): N questions of the NQ multi-document test split (never trained on), 20 documents each with
+  the gold passage at a random slot (fixed seed), single-hop Wikipedia passages as retrieved: an answer kept at 1/3
+  and 1/5 (the setting ``benchmarks/litm.py`` reads);
 * ``--hotpot LO:HI`` (optional): HotpotQA dev questions LO to HI of the seeded shuffle, with and without the title
   field, supporting-fact recall and answer kept at 1/3 and 1/5 (never the README's 0:200 when choosing).
 
@@ -49,6 +52,7 @@ from rag_opt.training.datasets import read_hotpotqa  # noqa: E402
 
 logger = logging.getLogger("probe_transfer")
 RATIOS = (1 / 3, 1 / 5)
+NQ_DOCS = 20
 ARMS = ("shipped", "candidate")
 
 
@@ -80,6 +84,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for arm, opt in opts.items():
                     result = opt.optimize(f"How much does item {k} cost?", [text], target_tokens=RECORD_BUDGET)
                     add(f"records {fmt} record_kept", arm, float(kept_record(result, text, fmt, k)))
+    if args.nq:
+        from rag_opt.training.datasets import contains_answer
+        from rag_opt.training.nq_contexts import nq_records, random_positions
+
+        records = nq_records(data_dir() / "nq_multidoc" / "public.jsonl.gz", "test")[: args.nq]
+        for inst in tqdm(random_positions(records, NQ_DOCS, seed=0), desc="NQ", mininterval=10):
+            documents = inst.example.documents(NQ_DOCS, inst.gold_at)
+            for arm, opt in opts.items():
+                for r in RATIOS:
+                    kept = opt.optimize(inst.example.question, documents, ratio=r).context()
+                    add(
+                        f"nq {r:.2f} answer_retention",
+                        arm,
+                        float(any(contains_answer(kept, a) for a in inst.example.answers)),
+                    )
     if args.hotpot:
         lo, hi = (int(x) for x in args.hotpot.split(":"))
         questions = read_hotpotqa(data_dir() / "hotpotqa" / "dev.jsonl.gz", seed=0, limit=hi)[lo:]
@@ -101,6 +120,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "squad": args.squad,
         "records": args.records,
         "hotpot": args.hotpot,
+        "nq": args.nq,
         "cells": cells,
     }
 
@@ -110,6 +130,7 @@ def main() -> None:
     ap.add_argument("--probe", required=True, help="the candidate sentence probe (JSON)")
     ap.add_argument("--squad", type=int, default=300, help="SQuAD 2.0 dev questions (0: skip)")
     ap.add_argument("--records", type=int, default=20, help="record lookups in JSON and CSV (0: skip; at most 60)")
+    ap.add_argument("--nq", type=int, default=0, help="NQ multi-document test questions, 20 documents (default: skip)")
     ap.add_argument("--hotpot", default=None, help="HotpotQA dev questions LO:HI of the seeded shuffle (default: skip)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()

@@ -90,6 +90,13 @@ def register(sub: Any) -> None:
         default=None,
         help="networks averaged in a first stage with hidden units (default 3)",
     )
+    p.add_argument(
+        "--linear-blocks",
+        default=None,
+        help="with --hidden: comma-separated feature blocks passed around the network straight to the logit "
+        "(default 'lexical': BM25 and term overlap count the same in any context; 'none': every feature goes "
+        "through the network)",
+    )
     p.set_defaults(handler=_train_probe)
 
     p = sub.add_parser("train-doc-probe", help="train the document relevance probe on NQ (its train split)")
@@ -284,6 +291,19 @@ def _train_doc_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+def _linear_blocks(value: str) -> tuple[str, ...]:
+    """``--linear-blocks``: 'none' or comma-separated sentence feature blocks."""
+    from rag_opt.compressors.features import ALL_BLOCKS
+
+    if value.strip() == "none":
+        return ()
+    blocks = tuple(b.strip() for b in value.split(",") if b.strip())
+    unknown = [b for b in blocks if b not in ALL_BLOCKS]
+    if not blocks or unknown:
+        raise UserError(f"--linear-blocks {value!r}: give 'none' or sentence feature blocks among {list(ALL_BLOCKS)}")
+    return blocks
+
+
 def _train_probe(args: argparse.Namespace) -> int:
     from rag_opt.training.mlp import MLPConfig
     from rag_opt.training.sentence_probe import train_probe_cli
@@ -295,7 +315,12 @@ def _train_probe(args: argparse.Namespace) -> int:
         raise UserError("--members averages networks with hidden units: drop it, or give --hidden N")
     if args.nq_weight != 1.0 and not args.nq:
         raise UserError("--nq-weight weighs the NQ training contexts: give --nq N too")
-    mlp = MLPConfig(hidden=hidden, **({"members": args.members} if args.members else {})) if hidden else None
+    if not hidden and args.linear_blocks is not None:
+        raise UserError("--linear-blocks passes features around a hidden layer: drop it, or give --hidden N")
+    options: dict[str, object] = {"members": args.members} if args.members else {}
+    if args.linear_blocks is not None:
+        options["linear_blocks"] = _linear_blocks(args.linear_blocks)
+    mlp = MLPConfig(hidden=hidden, **options) if hidden else None  # type: ignore[arg-type]
     train_probe_cli(
         data=_data(args.data, "hotpotqa", "train.jsonl.gz"),
         out=args.out,

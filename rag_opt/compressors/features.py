@@ -159,6 +159,20 @@ class FeatureLayout:
             return self.num_layers * self.num_heads + 1
         return self.num_layers * self.num_heads
 
+    def columns(self, blocks: Sequence[str]) -> np.ndarray:
+        """The feature columns of ``blocks`` (each one of this layout's), in column order."""
+        missing = [b for b in blocks if b not in self.blocks]
+        if missing:
+            raise ValueError(f"feature block(s) {missing} not in this layout's {list(self.blocks)}")
+        out: list[int] = []
+        start = 0
+        for block in self.blocks:
+            size = self.block_size(block)
+            if block in blocks:
+                out.extend(range(start, start + size))
+            start += size
+        return np.asarray(out, dtype=np.int64)
+
     @property
     def needs_cross(self) -> bool:
         """Whether the layout reads cross-document attention (features must be extracted with ``cross=True``)."""

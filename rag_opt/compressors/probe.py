@@ -10,7 +10,9 @@ first-stage logit read together with its neighbours' and the other documents'
 
 A first stage may have one hidden layer (:class:`HiddenLayer`, GELU in its tanh form: a small network instead of a
 linear model, :mod:`rag_opt.training.mlp`); such probes are written as format ``rag-opt-probe/3`` (with or without a
-second stage), for the same reason.
+second stage), for the same reason. A hidden layer may also pass some features straight to the logit, around the
+network (:attr:`HiddenLayer.linear`: the lexical block's, by default, so that BM25 and term overlap count the same in
+any context, as in a logistic probe); such probes are written as ``rag-opt-probe/4``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "FORMAT",
     "FORMAT_CONTEXT",
     "FORMAT_HIDDEN",
+    "FORMAT_HIDDEN_LINEAR",
     "ContextStage",
     "HiddenLayer",
     "Probe",
@@ -48,6 +51,7 @@ logger = logging.getLogger(__name__)
 FORMAT = "rag-opt-probe/1"
 FORMAT_CONTEXT = "rag-opt-probe/2"  # a probe with a second (context) stage
 FORMAT_HIDDEN = "rag-opt-probe/3"  # a probe whose first stage has a hidden layer (a second stage optional)
+FORMAT_HIDDEN_LINEAR = "rag-opt-probe/4"  # a hidden layer with features passed around it linearly
 ACTIVATIONS = ("gelu_tanh",)
 
 
@@ -73,11 +77,13 @@ def _compact(x: float) -> float:
 @dataclass
 class HiddenLayer:
     """A first stage's hidden layer: ``gelu_tanh(standardised features @ weights.T + bias)``, then the probe's
-    output weights (one per hidden unit)."""
+    output weights (one per hidden unit); with ``linear``, ``standardised features @ linear`` is added to the logit
+    (the features that go around the network: their columns of ``weights`` are zero)."""
 
     weights: np.ndarray  # (units, features)
     bias: np.ndarray  # (units,)
     activation: str = "gelu_tanh"
+    linear: np.ndarray | None = None  # (features,)
 
     def __post_init__(self) -> None:
         self.weights = np.asarray(self.weights, dtype=np.float64)
@@ -90,6 +96,8 @@ class HiddenLayer:
             raise ProbeMismatchError("probe hidden weights contain non-finite values")
         if self.activation not in ACTIVATIONS:
             raise ProbeMismatchError(f"probe hidden activation {self.activation!r} is not one of {list(ACTIVATIONS)}")
+        if self.linear is not None:
+            self.linear = _checked("hidden linear weights", self.linear, self.weights.shape[1])
 
     @property
     def units(self) -> int:
@@ -102,12 +110,19 @@ class HiddenLayer:
             )
         return gelu_tanh(standardised @ self.weights.T + self.bias)
 
+    def linear_logit(self, standardised: np.ndarray) -> np.ndarray | float:
+        """What the features passed around the network add to the logit (0.0 without any)."""
+        return standardised @ self.linear if self.linear is not None else 0.0
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "activation": self.activation,
             "weights": [[_compact(x) for x in row] for row in self.weights.tolist()],
             "bias": [_compact(x) for x in self.bias.tolist()],
         }
+        if self.linear is not None:
+            out["linear"] = [_compact(x) for x in self.linear.tolist()]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HiddenLayer:
@@ -115,6 +130,7 @@ class HiddenLayer:
             weights=np.asarray(data["weights"], dtype=np.float64),
             bias=np.asarray(data["bias"], dtype=np.float64),
             activation=str(data["activation"]),
+            linear=np.asarray(data["linear"], dtype=np.float64) if "linear" in data else None,
         )
 
 
@@ -201,7 +217,7 @@ class Probe:
             raise ProbeMismatchError(f"features have shape {features.shape}, the probe expects (n, {self.layout.size})")
         z = (features - self.mean) / self.scale
         if self.hidden is not None:
-            z = self.hidden(z)
+            return self.hidden(z) @ self.weights + self.hidden.linear_logit(z) + self.bias
         return z @ self.weights + self.bias
 
     def predict_proba(self, features: np.ndarray) -> np.ndarray:
@@ -252,7 +268,7 @@ class Probe:
     # -- persistence -------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         out = {
-            "format": FORMAT_HIDDEN if self.hidden is not None else FORMAT if self.context is None else FORMAT_CONTEXT,
+            "format": self._format(),
             "model": self.model,
             "layout": self.layout.to_dict(),
             "bias": float(self.bias),
@@ -267,6 +283,11 @@ class Probe:
             out["hidden"] = self.hidden.to_dict()
         return out
 
+    def _format(self) -> str:
+        if self.hidden is not None:
+            return FORMAT_HIDDEN_LINEAR if self.hidden.linear is not None else FORMAT_HIDDEN
+        return FORMAT if self.context is None else FORMAT_CONTEXT
+
     def save(self, path: str | Path) -> None:
         # a hidden layer's tens of thousands of weights, one per line, would more than double the file
         Path(path).write_text(json.dumps(self.to_dict(), indent=1 if self.hidden is None else None))
@@ -275,16 +296,23 @@ class Probe:
     def from_dict(cls, data: dict[str, Any], *, source: str = "probe") -> Probe:
         try:
             fmt = data.get("format")
-            if fmt not in (FORMAT, FORMAT_CONTEXT, FORMAT_HIDDEN):
-                raise ValueError(
-                    f"unsupported format {fmt!r}, expected {FORMAT!r}, {FORMAT_CONTEXT!r} or {FORMAT_HIDDEN!r}"
-                )
-            if fmt != FORMAT_HIDDEN and (fmt == FORMAT_CONTEXT) != ("context" in data):
+            formats = (FORMAT, FORMAT_CONTEXT, FORMAT_HIDDEN, FORMAT_HIDDEN_LINEAR)
+            if fmt not in formats:
+                raise ValueError(f"unsupported format {fmt!r}, expected one of {list(formats)}")
+            hidden_formats = (FORMAT_HIDDEN, FORMAT_HIDDEN_LINEAR)
+            if fmt not in hidden_formats and (fmt == FORMAT_CONTEXT) != ("context" in data):
                 raise ValueError(
                     f"format {fmt!r} {'needs' if fmt == FORMAT_CONTEXT else 'cannot carry'} a context stage"
                 )
-            if (fmt == FORMAT_HIDDEN) != ("hidden" in data):
-                raise ValueError(f"format {fmt!r} {'needs' if fmt == FORMAT_HIDDEN else 'cannot carry'} a hidden layer")
+            if (fmt in hidden_formats) != ("hidden" in data):
+                need = "needs" if fmt in hidden_formats else "cannot carry"
+                raise ValueError(f"format {fmt!r} {need} a hidden layer")
+            linear = isinstance(data.get("hidden"), dict) and "linear" in data["hidden"]
+            if "hidden" in data and (fmt == FORMAT_HIDDEN_LINEAR) != linear:
+                raise ValueError(
+                    f"format {fmt!r} {'needs' if fmt == FORMAT_HIDDEN_LINEAR else 'cannot carry'} linear weights "
+                    "around its hidden layer"
+                )
             lay = data["layout"]
             layout = FeatureLayout(
                 tuple(lay["blocks"]), int(lay["num_layers"]), int(lay["num_heads"]), str(lay.get("level", "unit"))

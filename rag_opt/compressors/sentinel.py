@@ -276,7 +276,7 @@ class SentinelCompressor:
         )
 
     def _lexical(self, question: str, units: UnitTable) -> np.ndarray:
-        """Lexical-probe scores of every row (structured rows take the better of these and the proxy's)."""
+        """Lexical-probe scores of every row (structured rows take these instead of the proxy's)."""
         if self._lexical_scorer is None:
             from rag_opt.compressors.lexical_scorer import LexicalScorer
 

@@ -7,8 +7,10 @@ express; one hidden layer of a few dozen units can. On 20 % of the shipped probe
 chosen L2) to 0.1698 and raise the positives ranked within each question's first 4 sentences from 0.657 to 0.673;
 gradient-boosted trees gave 0.1735 / 0.656 (``benchmarks/ablations/probe_capacity.py``). On HotpotQA dev such a
 probe keeps more facts, but off its training distribution (SQuAD at a fifth of the tokens, a JSON list of records) it
-is worse than the logistic stage, so the shipped probes stay logistic and ``rag-opt train-probe --hidden N`` is opt-in
-(docs/research-log.md, "A hidden layer in the first stage").
+is worse than the logistic stage when every feature goes through the network. The loss comes from the lexical
+features: passed around the network, straight to the logit (:attr:`MLPConfig.linear_blocks`, the lexical block by
+default), BM25 and term overlap count the same in any context and SQuAD keeps its answers (docs/research-log.md,
+"A hidden layer in the first stage").
 
 Each member is trained with AdamW and a one-cycle learning rate (deterministic for a seed on one thread); the
 ensemble's average logit is itself one network whose hidden layer concatenates the members' units and whose output
@@ -17,7 +19,7 @@ weights are the members' divided by their number (:class:`MLPWeights`), so a pro
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -45,6 +47,8 @@ class MLPConfig:
     epochs: int = 10
     learning_rate: float = 2e-3  # the one-cycle schedule's peak
     batch_size: int = 512
+    # feature blocks passed around the network, straight to the logit (their weights are linear)
+    linear_blocks: tuple[str, ...] = ("lexical",)
 
     def __post_init__(self) -> None:
         if self.hidden < 1 or self.members < 1 or self.epochs < 1 or self.batch_size < 1:
@@ -60,8 +64,8 @@ class MLPConfig:
 
 @dataclass(frozen=True)
 class MLPWeights:
-    """A fitted first stage: ``logit = gelu_tanh(((x - mean) / scale) @ hidden_weights.T + hidden_bias) @ weights
-    + bias``."""
+    """A fitted first stage: with ``z = (x - mean) / scale``, ``logit = gelu_tanh(z @ hidden_weights.T + hidden_bias)
+    @ weights + z @ linear + bias`` (``linear``: None when no feature goes around the network)."""
 
     mean: np.ndarray  # (d,)
     scale: np.ndarray  # (d,)
@@ -69,10 +73,14 @@ class MLPWeights:
     hidden_bias: np.ndarray  # (h,)
     weights: np.ndarray  # (h,)
     bias: float
+    linear: np.ndarray | None = None  # (d,)
 
     def decision(self, X: np.ndarray) -> np.ndarray:
-        hidden = gelu_tanh(((X - self.mean) / self.scale) @ self.hidden_weights.T + self.hidden_bias)
-        return np.asarray(hidden @ self.weights + self.bias, dtype=np.float64)
+        z = (X - self.mean) / self.scale
+        logit = gelu_tanh(z @ self.hidden_weights.T + self.hidden_bias) @ self.weights + self.bias
+        if self.linear is not None:
+            logit = logit + z @ self.linear
+        return np.asarray(logit, dtype=np.float64)
 
 
 def train_mlp(
@@ -82,10 +90,12 @@ def train_mlp(
     *,
     seed: int = 0,
     sample_weight: np.ndarray | None = None,
+    linear_columns: Sequence[int] | np.ndarray = (),
     progress: Callable[[], object] | None = None,
 ) -> MLPWeights:
     """Fit ``config.members`` networks on (X, y) (standardised with X's mean and spread) and merge them into one.
-    ``progress`` is called after each network."""
+    ``linear_columns``: the features passed around the network, straight to the logit (the hidden layer does not
+    read them). ``progress`` is called after each network."""
     import torch
 
     if X.ndim != 2 or len(X) != len(y):
@@ -94,6 +104,9 @@ def train_mlp(
         raise InvalidInputError("training labels contain a single class")
     if sample_weight is not None and sample_weight.shape != y.shape:
         raise InvalidInputError(f"{sample_weight.shape} sample weights for {y.shape} labels")
+    linear = np.unique(np.asarray(linear_columns, dtype=np.int64))
+    if linear.size and (linear[0] < 0 or linear[-1] >= X.shape[1]):
+        raise InvalidInputError(f"linear feature columns must lie in [0, {X.shape[1]})")
     mean = X.mean(axis=0)
     scale = X.std(axis=0)
     scale[scale < 1e-6] = 1.0
@@ -102,9 +115,9 @@ def train_mlp(
     weight = torch.tensor(
         sample_weight / sample_weight.mean() if sample_weight is not None else np.ones(len(y)), dtype=torch.float32
     )
-    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, float]] = []
+    parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray]] = []
     for member in range(config.members):
-        parts.append(_fit_member(Z, target, weight, config, seed + member))
+        parts.append(_fit_member(Z, target, weight, config, seed + member, linear))
         if progress is not None:
             progress()
     n = len(parts)
@@ -115,20 +128,28 @@ def train_mlp(
         hidden_bias=np.concatenate([p[1] for p in parts]),
         weights=np.concatenate([p[2] for p in parts]) / n,
         bias=float(np.mean([p[3] for p in parts])),
+        linear=np.mean([p[4] for p in parts], axis=0) if linear.size else None,
     )
 
 
 def _fit_member(
-    Z: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, config: MLPConfig, seed: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    Z: torch.Tensor, target: torch.Tensor, weight: torch.Tensor, config: MLPConfig, seed: int, linear: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float, np.ndarray]:
+    """One network; the columns ``linear`` skip its hidden layer and reach the logit through weights of their own."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # the layers' initial weights and dropout masks
-    first = torch.nn.Linear(Z.shape[1], config.hidden)
+    d = Z.shape[1]
+    reads = torch.ones(d)
+    reads[torch.as_tensor(linear)] = 0.0  # what the hidden layer reads
+    cols = torch.as_tensor(linear)
+    first = torch.nn.Linear(d, config.hidden)
     last = torch.nn.Linear(config.hidden, 1)
     net = torch.nn.Sequential(first, torch.nn.GELU(approximate="tanh"), torch.nn.Dropout(config.dropout), last)
-    opt = torch.optim.AdamW(net.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    around = torch.nn.Linear(len(linear), 1, bias=False) if len(linear) else None
+    params = [*net.parameters(), *(around.parameters() if around is not None else ())]
+    opt = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
     per_epoch = -(-len(Z) // config.batch_size)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=config.learning_rate, total_steps=config.epochs * per_epoch)
     net.train()
@@ -136,18 +157,26 @@ def _fit_member(
         perm = torch.randperm(len(Z), generator=gen)
         for i in range(0, len(Z), config.batch_size):
             idx = perm[i : i + config.batch_size]
-            logits = net(Z[idx]).squeeze(1)
+            z = Z[idx]
+            out = net(z * reads)
+            if around is not None:
+                out = out + around(z[:, cols])
+            logits = out.squeeze(1)
             loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, target[idx], weight=weight[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
             sched.step()
     net.eval()
+    linear_weights = np.zeros(d)
+    if around is not None:
+        linear_weights[linear] = around.weight.detach().double().numpy()[0]
     return (
-        first.weight.detach().double().numpy().copy(),
+        (first.weight.detach() * reads).double().numpy().copy(),
         first.bias.detach().double().numpy().copy(),
         last.weight.detach().double().numpy()[0].copy(),
         float(last.bias.detach().item()),
+        linear_weights,
     )
 
 
@@ -160,6 +189,7 @@ def cross_val_mlp_scores(
     folds: int = 5,
     seed: int = 0,
     sample_weight: np.ndarray | None = None,
+    linear_columns: Sequence[int] | np.ndarray = (),
     progress: Callable[[], object] | None = None,
 ) -> np.ndarray:
     """Held-out first-stage logits for every row: ``folds`` folds split by question (group), fixed seed (the same
@@ -167,6 +197,8 @@ def cross_val_mlp_scores(
     out = np.zeros(len(y))
     for held in question_folds(groups, folds=folds, seed=seed):
         sw = sample_weight[~held] if sample_weight is not None else None
-        net = train_mlp(X[~held], y[~held], config, seed=seed, sample_weight=sw, progress=progress)
+        net = train_mlp(
+            X[~held], y[~held], config, seed=seed, sample_weight=sw, linear_columns=linear_columns, progress=progress
+        )
         out[held] = net.decision(X[held])
     return out

@@ -239,6 +239,12 @@ def fit_probe(
             raise InvalidInputError("a context stage needs the unit tables and the question groups of the rows")
         folds_of = groups
     if mlp is not None:
+        missing = [b for b in mlp.linear_blocks if b not in layout.blocks]
+        if missing:
+            raise InvalidInputError(
+                f"feature block(s) {missing} to pass around the network are not in the layout {list(layout.blocks)}"
+            )
+        linear = layout.columns(mlp.linear_blocks)
         networks = mlp.members * (1 + (CONTEXT_FOLDS if folds_of is not None else 0))
         with tqdm(total=networks, desc="first-stage networks", mininterval=5.0) as bar:
             if folds_of is not None:
@@ -250,11 +256,14 @@ def fit_probe(
                     folds=CONTEXT_FOLDS,
                     seed=seed,
                     sample_weight=sample_weight,
+                    linear_columns=linear,
                     progress=bar.update,
                 )
-            net = train_mlp(X, y, mlp, seed=seed, sample_weight=sample_weight, progress=bar.update)
+            net = train_mlp(
+                X, y, mlp, seed=seed, sample_weight=sample_weight, linear_columns=linear, progress=bar.update
+            )
         mean, scale, w, b = net.mean, net.scale, net.weights, net.bias
-        hidden = HiddenLayer(net.hidden_weights, net.hidden_bias)
+        hidden = HiddenLayer(net.hidden_weights, net.hidden_bias, linear=net.linear)
     else:
         mean, scale, w, b = train_logistic(X, y, l2=l2, seed=seed, sample_weight=sample_weight)
         if folds_of is not None:
