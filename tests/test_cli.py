@@ -67,6 +67,11 @@ def test_models_reports_the_embedded_model(capsys):
     code, out, _ = run(capsys, "models")
     assert code == 0
     assert "embedded:smollm2-135m" in out and "SmolLM2-135M-Instruct" in out and ".gguf" in out
+    # each encoding's shipped sentence probe, by its kind: the default (parallel) one has a hidden layer
+    parallel = next(line for line in out.splitlines() if "probe, parallel (the default):" in line)
+    joint = next(line for line in out.splitlines() if "probe, joint:" in line)
+    assert "shipped, one hidden layer of 192 units, lexical features around it" in parallel
+    assert "shipped, logistic" in joint
 
 
 @pytest.mark.model

@@ -14,6 +14,20 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=_models)
 
 
+def _describe(probe: Any) -> str:
+    """A shipped sentence probe in one line: its first stage and what it was trained on."""
+    if probe is None:
+        return "none (raw attention)"
+    hidden = probe.hidden
+    if hidden is None:
+        kind = "logistic"
+    else:
+        kind = f"one hidden layer of {hidden.units} units" + (
+            ", lexical features around it" if hidden.linear is not None else ""
+        )
+    return f"shipped, {kind} ({probe.metadata.get('trained_on', '')})"
+
+
 def _models(args: argparse.Namespace) -> int:
     from rag_opt.compressors.probe import shipped_probe
     from rag_opt.errors import ModelNotFoundError
@@ -29,9 +43,8 @@ def _models(args: argparse.Namespace) -> int:
     print(f"  what:      {src.description}")
     print(f"  from:      {src.location}")
     print(f"  cache:     {cache_dir()}")
-    probe = shipped_probe(src.name)
-    probe_desc = f"shipped ({probe.metadata.get('trained_on', '')})" if probe else "none (raw attention)"
-    print(f"  probe:     {probe_desc}")
+    for encoding, label in (("parallel", "parallel (the default)"), ("joint", "joint")):
+        print(f"  {'probe, ' + label + ':':<31} {_describe(shipped_probe(src.name, encoding=encoding))}")
     print("embedded models:")
     for name, emb in EMBEDDED_MODELS.items():
         status = "installed" if emb.locate() else f"not installed ({emb.install})"

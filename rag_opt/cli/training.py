@@ -81,8 +81,8 @@ def register(sub: Any) -> None:
         "--hidden",
         type=nonneg_int,
         default=0,
-        help="hidden units per network of the first stage (default 0: logistic, as the shipped probes; 64 is the "
-        "measured recipe, not shipped: docs/research-log.md)",
+        help="hidden units per network of the first stage (default 0: logistic, as the joint encoding's shipped "
+        "probe; the shipped parallel probe has 64: docs/research-log.md)",
     )
     p.add_argument(
         "--members",

@@ -9,8 +9,9 @@ gradient-boosted trees gave 0.1735 / 0.656 (``benchmarks/ablations/probe_capacit
 probe keeps more facts, but off its training distribution (SQuAD at a fifth of the tokens, a JSON list of records) it
 is worse than the logistic stage when every feature goes through the network. The loss comes from the lexical
 features: passed around the network, straight to the logit (:attr:`MLPConfig.linear_blocks`, the lexical block by
-default), BM25 and term overlap count the same in any context and SQuAD keeps its answers (docs/research-log.md,
-"A hidden layer in the first stage").
+default), BM25 and term overlap count the same in any context and SQuAD keeps its answers; the shipped parallel
+probe is such a network (docs/research-log.md, "A hidden layer in the first stage" and "The lexical features around
+the network").
 
 Each member is trained with AdamW and a one-cycle learning rate (deterministic for a seed on one thread); the
 ensemble's average logit is itself one network whose hidden layer concatenates the members' units and whose output
