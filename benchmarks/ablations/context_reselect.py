@@ -28,45 +28,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ablations/: probe_capacity.py
-from common import data_dir, paired_bootstrap  # noqa: E402
+from common import paired_bootstrap  # noqa: E402
+from probe_capacity import training_set  # noqa: E402  (the shipped parallel probe's rows, from the caches)
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 RATIOS = (1 / 3, 1 / 5)
 SHIPPED = ("own", "named_by_other")
 logger = logging.getLogger("context_reselect")
-
-
-def training_set(nq: int) -> tuple[list[Any], list[Any], np.ndarray, np.ndarray, np.ndarray, Any]:
-    """HotpotQA examples, unit tables of every context (HotpotQA first, then NQ), X, y, groups and the layout."""
-    from rag_opt.compressors.features import DEFAULT_BLOCKS, FeatureLayout
-    from rag_opt.models.loader import load_proxy_model
-    from rag_opt.paths import cache_dir
-    from rag_opt.training.datasets import read_hotpotqa
-    from rag_opt.training.nq_contexts import nq_records, random_positions
-    from rag_opt.training.nq_sentences import build_nq_training_set
-    from rag_opt.training.sentence_probe import build_training_set, feature_store, hotpot_store_name
-
-    data = data_dir() / "hotpotqa" / "train.jsonl.gz"
-    nq_data = data_dir() / "nq_multidoc" / "public.jsonl.gz"
-    if not data.exists() or not nq_data.exists():
-        raise SystemExit(f"HotpotQA or NQ multi-doc data not found under {data_dir()}: nothing to measure")
-    proxy = load_proxy_model(None, dtype="bfloat16")
-    layout = FeatureLayout(DEFAULT_BLOCKS, 16, proxy.num_heads)
-    root = cache_dir() / "features"
-    store = feature_store(root, proxy, hotpot_store_name(data, cross=True), 16, "parallel")
-    cached = store.ids()
-    examples = [ex for ex in read_hotpotqa(data, seed=0) if ex.id in cached]
-    instances = random_positions(nq_records(nq_data, "train")[:nq], 10, seed=0)
-    nq_features = feature_store(root, proxy, "nq-train-n10-cross", 16, "parallel").load(i.id for i in instances)
-    if not examples or len(nq_features) < len(instances):
-        raise SystemExit(
-            "the parallel training features are not cached: run `rag-opt train-probe --encoding parallel --layers 16 "
-            f"--dtype bfloat16 --nq {nq} --out probe.json` first"
-        )
-    tables: list[Any] = []
-    X, y, g = build_training_set(examples, store.load(ex.id for ex in examples), layout, tables=tables)
-    Xn, yn, gn = build_nq_training_set(instances, nq_features, layout, group_offset=int(g.max()) + 1, tables=tables)
-    return examples, tables, np.concatenate([X, Xn]), np.concatenate([y, yn]), np.concatenate([g, gn]), layout
 
 
 def held_out_logits(X: np.ndarray, y: np.ndarray, g: np.ndarray, layout: Any, first_stage: str) -> np.ndarray:
@@ -140,7 +108,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="default results/context_reselect_<first stage>.json")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    examples, tables, X, y, g, layout = training_set(args.nq)
+    tables: list[Any] = []
+    examples, layout, X, y, g, _ = training_set(args.nq, tables)
     z = held_out_logits(X, y, g, layout, args.first_stage)
     del X
     sel = selection_tables(examples)

@@ -38,6 +38,15 @@ logger = logging.getLogger("probe_capacity")
 
 def training_rows(nq: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """(X, y, groups, HotpotQA rows) of the shipped parallel probe's training set, from the feature caches."""
+    _, _, X, y, g, n_hotpot = training_set(nq)
+    return X, y, g, n_hotpot
+
+
+def training_set(
+    nq: int, tables: list[Any] | None = None
+) -> tuple[list[Any], Any, np.ndarray, np.ndarray, np.ndarray, int]:
+    """(HotpotQA examples, layout, X, y, groups, HotpotQA rows) of the shipped parallel probe's training set, from
+    the feature caches; ``tables``: a list to append the unit table of every context to (HotpotQA, then NQ)."""
     from rag_opt.compressors.features import DEFAULT_BLOCKS, FeatureLayout
     from rag_opt.models.loader import load_proxy_model
     from rag_opt.paths import cache_dir
@@ -64,9 +73,9 @@ def training_rows(nq: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
             "the parallel training features are not cached: run `rag-opt train-probe --encoding parallel --layers 16 "
             f"--dtype bfloat16 --nq {nq} --out probe.json` first"
         )
-    X, y, g = build_training_set(examples, store.load(ex.id for ex in examples), layout)
-    Xn, yn, gn = build_nq_training_set(instances, nq_features, layout, group_offset=int(g.max()) + 1)
-    return np.concatenate([X, Xn]), np.concatenate([y, yn]), np.concatenate([g, gn]), len(y)
+    X, y, g = build_training_set(examples, store.load(ex.id for ex in examples), layout, tables=tables)
+    Xn, yn, gn = build_nq_training_set(instances, nq_features, layout, group_offset=int(g.max()) + 1, tables=tables)
+    return examples, layout, np.concatenate([X, Xn]), np.concatenate([y, yn]), np.concatenate([g, gn]), len(y)
 
 
 def held_out_metrics(z: np.ndarray, y: np.ndarray, g: np.ndarray, hotpot: np.ndarray) -> dict[str, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -317,10 +318,11 @@ def _train_probe(args: argparse.Namespace) -> int:
         raise UserError("--nq-weight weighs the NQ training contexts: give --nq N too")
     if not hidden and args.linear_blocks is not None:
         raise UserError("--linear-blocks passes features around a hidden layer: drop it, or give --hidden N")
-    options: dict[str, object] = {"members": args.members} if args.members else {}
-    if args.linear_blocks is not None:
-        options["linear_blocks"] = _linear_blocks(args.linear_blocks)
-    mlp = MLPConfig(hidden=hidden, **options) if hidden else None  # type: ignore[arg-type]
+    mlp = MLPConfig(hidden=hidden) if hidden else None
+    if mlp is not None and args.members:
+        mlp = replace(mlp, members=args.members)
+    if mlp is not None and args.linear_blocks is not None:
+        mlp = replace(mlp, linear_blocks=_linear_blocks(args.linear_blocks))
     train_probe_cli(
         data=_data(args.data, "hotpotqa", "train.jsonl.gz"),
         out=args.out,

@@ -142,9 +142,9 @@ def _fit_member(
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # the layers' initial weights and dropout masks
     d = Z.shape[1]
-    reads = torch.ones(d)
-    reads[torch.as_tensor(linear)] = 0.0  # what the hidden layer reads
     cols = torch.as_tensor(linear)
+    reads = torch.ones(d)
+    reads[cols] = 0.0  # what the hidden layer reads
     first = torch.nn.Linear(d, config.hidden)
     last = torch.nn.Linear(config.hidden, 1)
     net = torch.nn.Sequential(first, torch.nn.GELU(approximate="tanh"), torch.nn.Dropout(config.dropout), last)
