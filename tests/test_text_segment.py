@@ -87,6 +87,37 @@ def test_abbreviations_decimals_urls_quotes() -> None:
     ]
 
 
+def test_exclamation_or_question_mark_inside_a_name_or_quote_is_not_a_boundary() -> None:
+    # Real cases from NQ and HotpotQA passages: titles and names with the mark inside, quoted speech.
+    text = (
+        '"I Write Sins Not Tragedies" is a song by American rock band Panic! at the Disco, and is the second single. '
+        "American Dad! is an American adult animated sitcom. "
+        'She screams, "They\'re at it again!" and she runs away. '
+        "Who Goes There? is a collection of science fiction. "
+        "Help! Someone came. Why? Because it rained."
+    )
+    assert [t for _, t in pieces(text)] == [
+        '"I Write Sins Not Tragedies" is a song by American rock band Panic! at the Disco, and is the second single. ',
+        "American Dad! is an American adult animated sitcom. ",
+        'She screams, "They\'re at it again!" and she runs away. ',
+        "Who Goes There? is a collection of science fiction. ",
+        "Help! ",
+        "Someone came. ",
+        "Why? ",
+        "Because it rained.",
+    ]
+
+
+def test_text_all_in_lower_case_still_splits_after_exclamation_marks() -> None:
+    # Without capitals anywhere a lower-case start is no sign of a name going on: the sentence splitter decides.
+    assert [t for _, t in pieces("wow! that is great. what now? we wait.")] == [
+        "wow! ",
+        "that is great. ",
+        "what now? ",
+        "we wait.",
+    ]
+
+
 def test_leading_whitespace_goes_to_first_segment() -> None:
     text = "\n\n   First one. Second one.  \n"
     assert pieces(text) == [("sentence", "\n\n   First one. "), ("sentence", "Second one.  \n")]
@@ -451,7 +482,9 @@ def test_hotpotqa_round_trip_and_gold_boundaries() -> None:
         correct += len(ours & gold_bounds)
     recall = recovered / gold
     precision = correct / predicted
-    # Measured: 14,635 paragraphs, recall 97.7% of 46,313 gold boundaries, precision 99.1%.
+    # Measured: 14,635 paragraphs, recall 97.6% of 46,313 gold boundaries, precision 99.1%. HotpotQA's own splitter
+    # cuts after '!' or '?' inside names and quotes ("Ripley's Believe It or Not! | is the name of"): 118 of its
+    # boundaries, which segment() no longer takes (97.7% before).
     assert n_paragraphs > 1000
     assert recall >= 0.95, recall
     assert precision >= 0.97, precision

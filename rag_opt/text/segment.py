@@ -75,6 +75,7 @@ _WORD_CHAR = re.compile(r"\w")
 
 # Characters that end a sentence, and closers that may follow them (quotes, brackets, emphasis markers).
 _TERMINALS = frozenset(".!?…。！？｡؟۔।॥‼⁇⁈⁉")
+_EXCLAMATIONS = frozenset("!?‼⁇⁈⁉")  # the terminals after which cased text may go on in lower case
 _CLOSERS = frozenset("\"'”’»)]}*_`」』）】〕〉》")
 
 
@@ -341,6 +342,18 @@ def _ends_sentence(text: str, start: int, cut: int) -> bool:
     return j >= start and text[j] in _TERMINALS
 
 
+def _continues_after_exclamation(text: str, start: int, cut: int) -> bool:
+    """Whether the cut at ``cut`` follows ``!`` or ``?`` (closing quotes or brackets aside) and the text goes on in
+    lower case: a name or title with the mark inside it ("Panic! at the Disco", "American Dad! is"), or quoted speech
+    ("Stop!" she said), not a new sentence."""
+    j = cut - 1
+    while j >= start and text[j].isspace():
+        j -= 1
+    while j >= start and text[j] in _CLOSERS:
+        j -= 1
+    return j >= start and text[j] in _EXCLAMATIONS and text[cut].islower()
+
+
 def _prose_cuts(text: str, start: int, end: int, language: str) -> list[int]:
     """Absolute start offsets of the sentences after the first in the prose block ``text[start:end]``."""
     content_end = start + len(text[start:end].rstrip())
@@ -350,6 +363,8 @@ def _prose_cuts(text: str, start: int, end: int, language: str) -> list[int]:
     raw = _sentencex_cuts(block, language)
     if not raw:
         return []
+    # Only where the writer uses capitals: in text written all in lower case a sentence may start in lower case.
+    cased = any(ch.isupper() for ch in block)
     cuts: list[int] = []
     for rel in raw:
         cut = _skip_space(text, start + rel, content_end)
@@ -360,6 +375,8 @@ def _prose_cuts(text: str, start: int, end: int, language: str) -> list[int]:
             gap_start -= 1
         # A single newline is not a sentence boundary by itself (hard-wrapped text).
         if "\n" in text[gap_start:cut] and not _ends_sentence(text, start, cut):
+            continue
+        if cased and _continues_after_exclamation(text, start, cut):
             continue
         cuts.append(cut)
     return _merge_fragments(text, start, content_end, cuts)
