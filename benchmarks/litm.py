@@ -35,10 +35,11 @@ Reported per slot and over slots: accuracy of every condition, and its paired di
 context with a percentile-bootstrap 95 % CI over questions (the same questions at each slot). Conditions are
 interleaved per question in a rotating order, so machine noise hits all alike. Every answer is appended to a JSONL
 cache next to the output (``litm.cache.jsonl``), keyed by the reader's signature, N, slot, question and condition,
-with the SHA-256 of the context the reader was given; a condition that builds the very context another one was
-already answered for (same reader, N, slot and question) reuses that answer, since the reader is greedy. A run
+with the SHA-256 of the context the reader was given; a context the reader already answered (same reader, N, slot
+and question), under another condition or in an earlier run, reuses that answer, since the reader is greedy. A run
 builds every condition's context anew and reuses an answer only for the very same context: a changed probe, profile
-or rag-opt version re-asks exactly the conditions whose context changed, and an interrupted run resumes where it
+or rag-opt version re-asks exactly the conditions whose context is new (going back to an earlier probe asks
+nothing again), and an interrupted run resumes where it
 stopped (``--report-only`` re-prints and re-plots the saved results). A second process with ``--from-end`` walks the
 questions from the other end on another core; the report covers the questions answered in every condition at every
 slot (``questions_per_slot``, out of ``questions_asked``), with answers checked against this run's contexts
@@ -178,13 +179,9 @@ def _cache_key(signature: str, n_docs: int, slot: int, index: int, cond: str) ->
     return f"{signature}|n{n_docs}|s{slot}|q{index}|{cond}"
 
 
-def _same_context(cache: dict[str, dict[str, Any]], prefix: str, sha: str) -> dict[str, Any] | None:
-    """An answer the reader already gave to this very context (same reader, N, slot and question) under another
-    condition: e.g. ``promote_best`` when the best document already came first gives the input order's context."""
-    for key, row in cache.items():
-        if key.startswith(prefix) and row.get("context_sha") == sha and "same_context_as" not in row:
-            return row
-    return None
+def _context_key(key: str, sha: str) -> tuple[str, str]:
+    """(reader, N, slot and question; the context's SHA-256) of a cache row's key: what makes two answers the same."""
+    return key.rsplit("|", 1)[0], sha
 
 
 def _questions(args: argparse.Namespace) -> list[NQExample]:
@@ -204,13 +201,17 @@ def _grid(args: argparse.Namespace) -> list[int]:
 
 def _load_cache(path: Path) -> dict[str, dict[str, Any]]:
     cache: dict[str, dict[str, Any]] = {}
-    _read_new(path, 0, cache)
+    _read_new(path, 0, cache, {})
     return cache
 
 
-def _read_new(path: Path, offset: int, cache: dict[str, dict[str, Any]]) -> int:
+def _read_new(
+    path: Path, offset: int, cache: dict[str, dict[str, Any]], answered: dict[tuple[str, str], dict[str, Any]]
+) -> int:
     """Add the cache file's complete lines from byte ``offset`` on to ``cache`` (a later answer for a key replaces
-    an earlier one); returns the offset after the last complete line. Another process may be appending."""
+    an earlier one) and to ``answered`` (every answer by its context: an earlier probe's answer is still the answer
+    to its context when a run builds that context again); returns the offset after the last complete line. Another
+    process may be appending."""
     if not path.is_file():
         return offset
     with open(path, "rb") as f:
@@ -221,6 +222,8 @@ def _read_new(path: Path, offset: int, cache: dict[str, dict[str, Any]]) -> int:
         if line.strip():
             row = json.loads(line)
             cache[row["key"]] = row
+            if row.get("context_sha"):
+                answered[_context_key(row["key"], row["context_sha"])] = row
     return offset + end
 
 
@@ -247,7 +250,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     cache_path = Path(args.cache) if args.cache else Path(args.out).with_suffix(".cache.jsonl")
     cache: dict[str, dict[str, Any]] = {}
-    offset = _read_new(cache_path, 0, cache)
+    answered: dict[tuple[str, str], dict[str, Any]] = {}  # the greedy reader answers a context once
+    offset = _read_new(cache_path, 0, cache, answered)
     checked: set[str] = set()  # keys whose cached answer was given for the context built in this run
     step = 0
     # slot-major within each question: every question is answered at every slot before the next one starts, so a
@@ -257,7 +261,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for ex in walk:
             for slot in grid:
                 keys = {c.key: _cache_key(reader.signature, args.n_docs, slot, ex.index, c.key) for c in conds}
-                offset = _read_new(cache_path, offset, cache)  # what a process walking from the other end answered
+                offset = _read_new(cache_path, offset, cache, answered)  # the other end's answers
                 built = contexts(opt, ex, args.n_docs, slot, conds)
                 missing = []
                 for c in conds:
@@ -268,10 +272,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         missing.append(c)
                 if missing:
                     rot = step % len(missing)
-                    prefix = _cache_key(reader.signature, args.n_docs, slot, ex.index, "")
                     for c in missing[rot:] + missing[:rot]:  # a rotating order: noise hits all conditions alike
                         sha = built[c.key]["context_sha"]
-                        same = _same_context(cache, prefix, sha)  # the greedy reader answers a context once
+                        same = answered.get(_context_key(keys[c.key], sha))  # this very context, answered before
                         t0 = time.perf_counter()
                         raw = same["answer"] if same else reader.answer(ex.question, built[c.key]["context"])
                         row = {
@@ -286,6 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             **({"same_context_as": same["key"]} if same else {}),
                         }
                         cache[row["key"]] = row
+                        answered[_context_key(row["key"], sha)] = row
                         checked.add(row["key"])
                         sink.write(json.dumps(row) + "\n")
                         sink.flush()
