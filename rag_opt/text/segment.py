@@ -332,26 +332,28 @@ def _skip_space(text: str, pos: int, end: int) -> int:
     return pos
 
 
-def _ends_sentence(text: str, start: int, cut: int) -> bool:
-    """Whether the non-whitespace text before ``cut`` ends with sentence-final punctuation."""
+def _mark_before(text: str, start: int, cut: int) -> str:
+    """The last character before ``cut`` once whitespace and closers are passed ("" when none is left)."""
     j = cut - 1
     while j >= start and text[j].isspace():
         j -= 1
     while j >= start and text[j] in _CLOSERS:
         j -= 1
-    return j >= start and text[j] in _TERMINALS
+    return text[j] if j >= start else ""
+
+
+def _ends_sentence(text: str, start: int, cut: int) -> bool:
+    """Whether the non-whitespace text before ``cut`` ends with sentence-final punctuation."""
+    mark = _mark_before(text, start, cut)
+    return bool(mark) and mark in _TERMINALS
 
 
 def _continues_after_exclamation(text: str, start: int, cut: int) -> bool:
     """Whether the cut at ``cut`` follows ``!`` or ``?`` (closing quotes or brackets aside) and the text goes on in
     lower case: a name or title with the mark inside it ("Panic! at the Disco", "American Dad! is"), or quoted speech
     ("Stop!" she said), not a new sentence."""
-    j = cut - 1
-    while j >= start and text[j].isspace():
-        j -= 1
-    while j >= start and text[j] in _CLOSERS:
-        j -= 1
-    return j >= start and text[j] in _EXCLAMATIONS and text[cut].islower()
+    mark = _mark_before(text, start, cut)
+    return bool(mark) and mark in _EXCLAMATIONS and text[cut].islower()
 
 
 def _prose_cuts(text: str, start: int, end: int, language: str) -> list[int]:
@@ -363,8 +365,6 @@ def _prose_cuts(text: str, start: int, end: int, language: str) -> list[int]:
     raw = _sentencex_cuts(block, language)
     if not raw:
         return []
-    # Only where the writer uses capitals: in text written all in lower case a sentence may start in lower case.
-    cased = any(ch.isupper() for ch in block)
     cuts: list[int] = []
     for rel in raw:
         cut = _skip_space(text, start + rel, content_end)
@@ -376,7 +376,8 @@ def _prose_cuts(text: str, start: int, end: int, language: str) -> list[int]:
         # A single newline is not a sentence boundary by itself (hard-wrapped text).
         if "\n" in text[gap_start:cut] and not _ends_sentence(text, start, cut):
             continue
-        if cased and _continues_after_exclamation(text, start, cut):
+        # Only where the writer uses capitals: in text written all in lower case a sentence may start in lower case.
+        if _continues_after_exclamation(text, start, cut) and any(ch.isupper() for ch in block):
             continue
         cuts.append(cut)
     return _merge_fragments(text, start, content_end, cuts)
