@@ -159,3 +159,42 @@ def test_index_on_ray_writes_the_same_entries(
     assert main(["index", "-i", str(corpus), "--cache-dir", str(tmp_path / "ray"), "--no-progress", "--ray"]) == 0
     assert "indexed 2, skipped-cached 0, failed 0" in capsys.readouterr().out
     assert [p.name for p in entries(tmp_path / "local")] == [p.name for p in entries(tmp_path / "ray")]
+
+
+def test_two_indexers_on_one_folder_do_not_encode_a_block_twice(
+    tmp_path: Path, example: tuple[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One indexer holds a block's claim (it is encoding it): the other defers the row, then finds the entry written
+    once the first releases, and encodes nothing of it; no claim file is left behind."""
+    import rag_opt.models.document_pass as passes
+    from rag_opt.cli.index import DocumentIndexer
+
+    _, docs = example
+    cache_dir = tmp_path / "cache"
+    first, second = DocumentIndexer(cache_dir), DocumentIndexer(cache_dir)
+    rows = [(i + 1, d) for i, d in enumerate(docs[:2])]
+    assert all(first._claim(b) for b in first.blocks(docs[0]))  # the first indexer is encoding document 0 now
+
+    encoded: list[tuple[int, ...]] = []
+    for name in ("encode_blocks", "encode_blocks_with_sources"):
+        real = getattr(passes, name)
+
+        def counting(proxy: Any, prefix: Any, blocks: Any, *args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            encoded.extend(tuple(b) for b in blocks)
+            return _real(proxy, prefix, blocks, *args, **kwargs)
+
+        monkeypatch.setattr(passes, name, counting)
+    results = second.index_rows(rows)
+    assert [(r.line, r.status) for r in results] == [(2, "indexed")]
+    assert [line for line, _ in second.deferred] == [1]  # document 0 is left to the first indexer
+    held = {b.ids for b in first.blocks(docs[0])}
+    assert not held & set(encoded)  # the second indexer did not encode it
+    first.release()
+    assert [r.status for r in first.index_rows([rows[0]])] == ["indexed"]
+    n = len(encoded)
+    again, second.deferred = second.deferred, []
+    assert [r.status for r in second.index_rows(again, defer=False)] == ["cached"]
+    assert len(encoded) == n  # read from the first indexer's entries: nothing encoded twice
+    first.close()
+    second.close()
+    assert not list(cache_dir.rglob("*.claim")) and not list(cache_dir.rglob("*.lock"))

@@ -1,4 +1,5 @@
-"""The encoding cache: content keys, a memory bound in bytes, a disk tier that never trusts a bad file."""
+"""The encoding cache: content keys, store keys (format, namespace), compact entries, a memory bound in bytes, and
+store tiers (disk, shared) that never take optimization down and never hand out a bad entry."""
 
 from __future__ import annotations
 
@@ -9,15 +10,55 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from rag_opt.errors import InvalidInputError  # noqa: E402
-from rag_opt.models.encoding_cache import EncodingCache, encoding_key, resolve_cache  # noqa: E402
+from rag_opt.models.cache_store import TierCounters, TierStats  # noqa: E402
+from rag_opt.models.encoding_cache import (  # noqa: E402
+    EncodingCache,
+    cache_namespace,
+    encoding_key,
+    resolve_cache,
+)
+from rag_opt.models.kv_codec import FORMATS, EncodedStates, encode_states, from_bytes  # noqa: E402
 
 
-def _states(tokens: int, seed: int = 0) -> torch.Tensor:
+def _states(tokens: int, seed: int = 0, layers: int = 4) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(2, 4, 3, tokens, 8, generator=g).to(torch.bfloat16)
+    return torch.randn(2, layers, 3, tokens, 8, generator=g).to(torch.bfloat16)
 
 
 BASE = {"model": "embedded:smollm2-135m", "dtype": "bfloat16", "depth": 16, "template": "ctx-q-par-v1"}
+
+
+class DictTier:
+    """A store tier kept in a dict (the protocol's plainest implementation), counting its calls."""
+
+    name = "shared"
+
+    def __init__(self, fail: bool = False) -> None:
+        self.data: dict[str, bytes] = {}
+        self.fail = fail
+        self.counters = TierCounters("shared")
+
+    def get(self, key: str) -> bytes | None:
+        if self.fail:
+            raise OSError("the store is on fire")
+        blob = self.data.get(key)
+        self.counters.add(hits=blob is not None, misses=blob is None)
+        return blob
+
+    def put(self, key: str, blob: bytes) -> None:
+        if self.fail:
+            raise OSError("the store is on fire")
+        self.data[key] = blob
+        self.counters.add(writes=1)
+
+    def discard(self, key: str) -> None:
+        self.data.pop(key, None)
+
+    def stats(self) -> TierStats:
+        return self.counters.snapshot()
+
+    def close(self) -> None:
+        pass
 
 
 def test_the_key_changes_with_tokens_model_dtype_depth_and_template():
@@ -31,9 +72,33 @@ def test_the_key_changes_with_tokens_model_dtype_depth_and_template():
     assert k != encoding_key(ids, **BASE, kind="prefix")
 
 
+def test_the_store_key_holds_the_format_and_the_namespace():
+    key = encoding_key([1, 2, 3], **BASE)
+    bf16, int8 = EncodingCache(format="bf16"), EncodingCache(format="int8")
+    assert bf16.store_key(key) != int8.store_key(key)
+    plain = bf16.store_key(key)
+    with cache_namespace("tenant-a"):
+        a = bf16.store_key(key)
+    with cache_namespace("tenant-b"):
+        b = bf16.store_key(key)
+    assert len({plain, a, b}) == 3
+    assert EncodingCache(namespace="x").store_key(key) != plain
+    with pytest.raises(InvalidInputError, match="unknown cache format 'int3'"):
+        EncodingCache(format="int3")
+
+
+def test_tenants_never_see_each_others_entries():
+    cache = EncodingCache()
+    with cache_namespace("tenant-a"):
+        cache.put("k", _states(5))
+        assert cache.get("k") is not None
+    with cache_namespace("tenant-b"):
+        assert cache.get("k") is None
+    assert cache.get("k") is None  # nor the common namespace
+
+
 def test_memory_tier_is_an_lru_bounded_in_bytes():
-    one = _states(10)
-    size = one.numel() * one.element_size()
+    size = encode_states(_states(10)).nbytes
     cache = EncodingCache(max_bytes=3 * size)
     for i in range(3):
         cache.put(f"k{i}", _states(10, i))
@@ -43,14 +108,25 @@ def test_memory_tier_is_an_lru_bounded_in_bytes():
     assert all(cache.get(k) is not None for k in ("k0", "k2", "k3"))
     st = cache.stats()
     assert st.entries == 3 and st.bytes == 3 * size <= st.max_bytes and st.evictions == 1
-    assert (st.hits, st.misses) == (4, 1)
+    assert (st.hits, st.misses, st.memory_hits) == (4, 1, 4)
     cache.put("huge", _states(1000))  # larger than the bound: never kept, nothing evicted for it
     assert cache.get("huge") is None and cache.stats().entries == 3
 
 
+def test_a_compact_format_holds_more_entries_in_the_same_bytes():
+    bound = 4 * encode_states(_states(64), "bf16").nbytes
+    counts = {}
+    for fmt in ("bf16", "int8", "k4v4"):
+        cache = EncodingCache(max_bytes=bound, format=fmt)
+        for i in range(40):
+            cache.put(f"k{i}", _states(64, i))
+        counts[fmt] = cache.stats().entries
+    assert counts["bf16"] == 4 < counts["int8"] < counts["k4v4"]
+
+
 def test_the_bound_holds_under_concurrent_writers():
     one = _states(10)
-    size = one.numel() * one.element_size()
+    size = encode_states(one).nbytes
     cache = EncodingCache(max_bytes=5 * size)
 
     def work(t: int) -> None:
@@ -67,25 +143,93 @@ def test_the_bound_holds_under_concurrent_writers():
     assert st.bytes <= st.max_bytes and st.entries == 5 and st.evictions == 200 - 5
 
 
+def test_put_returns_the_entry_as_stored_which_a_later_get_returns_unchanged():
+    states = _states(12)
+    cache = EncodingCache(format="k4v4")
+    stored = cache.put("k", states)
+    again = cache.get("k")
+    assert again is stored
+    assert torch.equal(stored.decode(), again.decode())
+    assert not torch.equal(stored.decode(), states)  # quantized: the caller reads what the cache keeps
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_every_format_round_trips_within_its_precision(fmt):
+    g = torch.Generator().manual_seed(1)
+    kv = (torch.randn(2, 6, 3, 37, 64, generator=g) * torch.linspace(0.1, 8, 64)).to(torch.bfloat16)
+    rows = torch.randn(6, 9, 5, 64, generator=g).to(torch.bfloat16)
+    f = FORMATS[fmt]
+    entry = encode_states(kv, fmt)
+    out = entry.decode(torch.float32)
+    assert out.shape == kv.shape and entry.tokens == 37
+    bound = {16: 0.0, 8: 0.01, 4: 0.15, 2: 0.6}
+    ref = kv.float()
+    kerr = float((out[0] - ref[0]).norm() / ref[0].norm())
+    verr = float((out[1, :-1] - ref[1, :-1]).norm() / ref[1, :-1].norm())
+    assert kerr <= bound[f.key_bits] and verr <= bound[f.value_bits], (kerr, verr)
+    if f.quantized:
+        assert torch.count_nonzero(out[1, -1]) == 0  # the last layer's values are never read: not stored
+        assert entry.nbytes < encode_states(kv, "bf16").nbytes
+    else:
+        assert torch.equal(out, ref)
+    keys = entry.decode_keys(4, torch.float32)
+    assert torch.equal(keys, out[0, :4])
+    r = encode_states(rows, fmt)
+    rerr = float((r.decode(torch.float32) - rows.float()).norm() / rows.float().norm())
+    assert rerr <= bound[f.query_bits] and r.tokens == 5
+    # serialized and read back: the same tensors
+    blob = entry.to_bytes("key")
+    back = from_bytes(blob, "key")
+    assert back.format == entry.format and torch.equal(back.decode(torch.float32), out)
+
+
+def test_decode_into_writes_a_strided_buffer_slice_exactly():
+    kv = _states(9, layers=5)
+    for fmt in ("bf16", "int8", "k4v2"):
+        entry = encode_states(kv, fmt)
+        buf = torch.full((2, 5, 2, 3, 20, 8), 7.0)
+        entry.decode_into(buf[:, :4, 1, :, 3:12], 4)
+        assert torch.equal(buf[:, :4, 1, :, 3:12], entry.decode(torch.float32, depth=4))
+        assert torch.all(buf[:, :, 0] == 7.0) and torch.all(buf[:, 4] == 7.0)  # nothing else touched
+
+
+def test_a_blob_for_another_key_or_damaged_is_refused():
+    blob = encode_states(_states(4), "int8").to_bytes("key-a")
+    with pytest.raises(ValueError, match="another key"):
+        from_bytes(blob, "key-b")
+    with pytest.raises(ValueError):
+        from_bytes(blob[: len(blob) // 2], "key-a")
+    flipped = blob[:-3] + bytes([blob[-3] ^ 0xFF]) + blob[-2:]
+    with pytest.raises(ValueError, match="checksum"):
+        from_bytes(flipped, "key-a")
+
+
 def test_disk_tier_round_trip_and_sharing(tmp_path):
     states = _states(7)
     writer = EncodingCache(disk=tmp_path)
     key = encoding_key([5, 6, 7], **BASE)
     writer.put(key, states)
+    assert writer.flush(10)
     assert writer.stats().disk_writes == 1
     files = list(tmp_path.rglob("*.safetensors"))
-    assert len(files) == 1 and not list(tmp_path.rglob("*.tmp"))
+    assert len(files) == 1 and not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob("*.lock"))
     reader = EncodingCache(disk=tmp_path)  # another worker, same folder
     got = reader.get(key)
-    assert got is not None and torch.equal(got, states) and got.dtype == torch.bfloat16
-    assert reader.stats().disk_hits == 1
+    assert isinstance(got, EncodedStates) and torch.equal(got.decode(), states) and got.dtype == torch.bfloat16
+    st = reader.stats()
+    assert st.disk_hits == 1 and st.memory_hits == 0
+    assert reader.get(key) is not None and reader.stats().memory_hits == 1  # promoted into memory
     assert key in reader
+    writer.close()
+    reader.close()
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "other-key"])
 def test_a_bad_disk_file_is_detected_removed_and_recomputed(tmp_path, damage):
     key = encoding_key([9, 9], **BASE)
-    EncodingCache(disk=tmp_path).put(key, _states(6))
+    first = EncodingCache(disk=tmp_path)
+    first.put(key, _states(6))
+    first.close()
     path = next(tmp_path.rglob("*.safetensors"))
     data = path.read_bytes()
     if damage == "truncate":
@@ -96,15 +240,45 @@ def test_a_bad_disk_file_is_detected_removed_and_recomputed(tmp_path, damage):
         path.write_bytes(b"not a safetensors file at all")
     else:  # a valid file copied under another key's name
         other = encoding_key([1], **BASE)
-        EncodingCache(disk=tmp_path).put(other, _states(6))
-        path.write_bytes(next(p for p in tmp_path.rglob("*.safetensors") if other in p.name).read_bytes())
+        second = EncodingCache(disk=tmp_path)
+        second.put(other, _states(6))
+        second.close()
+        other_path = next(p for p in tmp_path.rglob("*.safetensors") if p != path)
+        path.write_bytes(other_path.read_bytes())
     cache = EncodingCache(disk=tmp_path)
     assert cache.get(key) is None
     st = cache.stats()
     assert st.disk_corrupt == 1 and st.misses == 1
     assert not path.exists()  # removed: the next writer recomputes it
     cache.put(key, _states(6))
-    assert torch.equal(EncodingCache(disk=tmp_path).get(key), _states(6))
+    cache.close()
+    again = EncodingCache(disk=tmp_path)
+    assert torch.equal(again.get(key).decode(), _states(6))
+    again.close()
+
+
+def test_a_shared_hit_is_promoted_to_the_tiers_above(tmp_path):
+    shared = DictTier()
+    EncodingCache(shared=shared).put("k", _states(8))
+    assert len(shared.data) == 1
+    other = EncodingCache(disk=tmp_path, shared=shared)  # another replica: its own memory and disk
+    got = other.get("k")
+    assert got is not None and torch.equal(got.decode(), _states(8))
+    st = other.stats()
+    assert (st.shared_hits, st.disk_hits, st.memory_hits) == (1, 0, 0)
+    other.flush(10)
+    third = EncodingCache(disk=tmp_path, shared=DictTier())  # the same host later: the disk has it now
+    assert third.get("k") is not None and third.stats().disk_hits == 1
+    other.close()
+    third.close()
+
+
+def test_a_failing_store_tier_is_a_miss_never_an_error():
+    cache = EncodingCache(shared=DictTier(fail=True))
+    entry = cache.put("k", _states(3))  # the tier's failure is logged, the entry kept in memory
+    assert cache.get("k") is entry
+    cache.clear()
+    assert cache.get("k") is None and cache.stats().misses == 1
 
 
 def test_resolve_cache_options(tmp_path):

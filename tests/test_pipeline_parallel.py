@@ -40,6 +40,31 @@ def test_cached_and_uncached_results_are_identical(examples):
     assert warm.tokens_after <= warm.token_budget
 
 
+def test_a_compact_cache_format_answers_a_cold_request_as_a_warm_one(examples):
+    """A quantized entry changes the states: the request that encodes a document must read what the cache keeps, so
+    cold and warm requests agree exactly (and an entry read back from disk is the same entry)."""
+    from rag_opt import ContextOptimizer
+    from rag_opt.models.encoding_cache import EncodingCache
+    from rag_opt.models.parallel_features import CROSS_READS
+
+    ex = examples[2]
+    docs = hotpot_docs(ex)
+    cache = EncodingCache(format="k4v4")
+    opt = ContextOptimizer(encoding="parallel", cache=cache, ratio=1 / 3, threads=1)
+    cold = opt.optimize(ex["question"], docs)
+    CROSS_READS.clear()
+    opt.scorer().proxy.question_buffers.clear()
+    warm = opt.optimize(ex["question"], docs)
+    assert (cold.cache_misses, warm.cache_hits, warm.cache_misses) == (len(docs), len(docs), 0)
+    assert _spans(warm) == _spans(cold)
+    assert [u.score for d in warm.documents for u in d.units] == [u.score for d in cold.documents for u in d.units]
+    bf16 = ContextOptimizer(encoding="parallel", cache=EncodingCache(format="bf16"), ratio=1 / 3, threads=1)
+    plain = bf16.optimize(ex["question"], docs)
+    # quantized, not identical to bf16 entries (the format is in the store key: the two never mix)
+    assert [u.score for d in plain.documents for u in d.units] != [u.score for d in cold.documents for u in d.units]
+    assert cache.stats().entries > 0 and cache.stats().format == "k4v4"
+
+
 def test_shipped_parallel_probe_is_used_and_refused_under_the_joint_encoding(examples):
     from rag_opt import ContextOptimizer
     from rag_opt.compressors.probe import shipped_probe

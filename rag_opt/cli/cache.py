@@ -1,9 +1,16 @@
-"""``rag-opt cache stats|clear --cache-dir DIR``: the encoding cache's disk tier (see
-:mod:`rag_opt.models.encoding_cache`): how many encodings it holds and their bytes, or remove them.
+"""``rag-opt cache stats|prune|clear --cache-dir DIR``: the encoding cache's disk tier (see
+:mod:`rag_opt.models.cache_disk`): how many encodings it holds, their bytes and how full its bound is; remove the
+least recently used ones down to a bound; or remove them all.
 
-The disk tier's layout: one ``<key>.safetensors`` file per encoding (its ``.lock`` beside it, and a ``.<key>.*.tmp``
-while it is being written) in a subfolder named after the key's first two hex digits. ``clear`` refuses a folder
-holding anything else: it does not look like an encoding cache, and nothing in it is removed.
+The disk tier's layout: one ``<key>.safetensors`` file per encoding in a subfolder named after the key's first two
+hex digits; beside it, while it is being written, a ``.<key>.<uuid>.tmp``, and while a process computes it
+(``rag-opt index``), its claim ``.<key>.claim`` (removed once the entry is written). There are no lock files: the
+``<key>.safetensors.lock`` files older versions left are counted as bookkeeping and removed by ``prune`` and
+``clear``. ``clear`` refuses a folder holding anything else: it does not look like an encoding cache, and nothing
+in it is removed. ``prune`` removes only the disk tier's own files, whatever else the folder holds.
+
+Sizes (``--max-bytes``) are bytes or a size with a unit: ``500MB``, ``8GiB``
+(:func:`~rag_opt.models.cache_disk.parse_size`).
 """
 
 from __future__ import annotations
@@ -16,11 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from rag_opt.cli.common import UserError
+from rag_opt.errors import InvalidInputError
+from rag_opt.models.cache_disk import DEFAULT_DISK_BYTES, DiskTier, parse_size
 
-__all__ = ["DiskCache", "register", "scan"]
+__all__ = ["DiskCache", "byte_size", "register", "scan"]
 
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _ENTRY = ".safetensors"
+_LOCK = ".lock"  # older versions' per-entry lock files
+_CLAIM = ".claim"
 
 
 @dataclass
@@ -30,7 +41,9 @@ class DiskCache:
     folder: str
     entries: int = 0  # encodings (.safetensors files)
     bytes: int = 0  # their bytes
-    other_files: list[str] = field(default_factory=list)  # cache bookkeeping: locks, interrupted writes
+    other_files: list[str] = field(default_factory=list)  # bookkeeping: claims, writes under way, old lock files
+    claims: int = 0  # entries a process is computing (.<key>.claim)
+    legacy_locks: int = 0  # lock files older versions left (<key>.safetensors.lock)
     foreign: list[str] = field(default_factory=list)  # anything an encoding cache does not hold
     shards: list[str] = field(default_factory=list)  # the two-hex-digit subfolders
     files: list[str] = field(default_factory=list)  # every file the cache holds (entries and bookkeeping)
@@ -38,9 +51,10 @@ class DiskCache:
 
 def _own(name: str, in_shard: bool) -> bool:
     """Whether a file named ``name`` is one the encoding cache writes."""
-    if name.endswith((_ENTRY, ".lock")):
+    if name.endswith((_ENTRY, _LOCK)):
         return True
-    return in_shard and name.startswith(".") and name.endswith(".tmp")  # a write under way, or interrupted
+    # a write under way (or interrupted), a claim
+    return in_shard and name.startswith(".") and name.endswith((".tmp", _CLAIM))
 
 
 def scan(folder: str | Path) -> DiskCache:
@@ -65,19 +79,56 @@ def _add(found: DiskCache, path: Path, *, in_shard: bool) -> None:
         return
     found.files.append(str(path))
     if path.name.endswith(_ENTRY) and not path.name.startswith("."):
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:  # evicted by a process using the folder meanwhile
+            found.files.pop()
+            return
         found.entries += 1
-        found.bytes += path.stat().st_size
+        found.bytes += size
     else:
         found.other_files.append(str(path))
+        found.claims += path.name.endswith(_CLAIM)
+        found.legacy_locks += path.name.endswith(_LOCK)
+
+
+def byte_size(value: str) -> int:
+    """argparse type: a size in bytes, plain or with a unit (``500MB``, ``8GiB``)."""
+    try:
+        return parse_size(value)
+    except InvalidInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _size(n: float) -> str:
+    """``n`` bytes for a person: MiB below a GiB, GiB above."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("cache", help="the encoding cache's disk folder (stats, clear) and the model cache (models)")
+    p = sub.add_parser(
+        "cache", help="the encoding cache's disk folder (stats, prune, clear) and the model cache (models)"
+    )
     inner = p.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
-    stats = inner.add_parser("stats", help="encodings and bytes in a cache folder")
+    stats = inner.add_parser("stats", help="encodings and bytes in a cache folder, and how full its bound is")
     stats.add_argument("--cache-dir", required=True, help="the encoding cache's disk folder")
+    stats.add_argument(
+        "--max-bytes",
+        type=byte_size,
+        default=DEFAULT_DISK_BYTES,
+        help="the disk tier's bound, to show how full it is (bytes, or 500MB, 8GiB; default "
+        f"{_size(DEFAULT_DISK_BYTES)})",
+    )
     stats.add_argument("--json", action="store_true", help="print the figures as JSON")
     stats.set_defaults(handler=_stats)
+    prune = inner.add_parser(
+        "prune", help="remove the least recently used encodings until the folder holds at most --max-bytes"
+    )
+    prune.add_argument("--cache-dir", required=True, help="the encoding cache's disk folder")
+    prune.add_argument(
+        "--max-bytes", type=byte_size, required=True, help="the bytes to keep at most (bytes, or 500MB, 8GiB)"
+    )
+    prune.set_defaults(handler=_prune)
     clear = inner.add_parser("clear", help="remove every encoding from a cache folder (not the folder itself)")
     clear.add_argument("--cache-dir", required=True, help="the encoding cache's disk folder")
     clear.set_defaults(handler=_clear)
@@ -113,16 +164,44 @@ def _models(args: argparse.Namespace) -> int:
 
 def _stats(args: argparse.Namespace) -> int:
     found = scan(args.cache_dir)
+    bound = int(args.max_bytes)
+    fill = found.bytes / bound if bound else 0.0
     if args.json:
-        keep = ("folder", "entries", "bytes")
+        keep = ("folder", "entries", "bytes", "claims", "legacy_locks")
         data = {k: v for k, v in asdict(found).items() if k in keep}
-        print(json.dumps({**data, "other_files": len(found.other_files), "foreign_files": len(found.foreign)}))
+        extra = {"max_bytes": bound, "fill": round(fill, 6)}
+        print(json.dumps({**data, **extra, "other_files": len(found.other_files), "foreign_files": len(found.foreign)}))
         return 0
-    note = f"; {len(found.foreign)} other files (not an encoding cache's)" if found.foreign else ""
+    notes = []
+    if found.claims:
+        notes.append(f"{found.claims} being computed")
+    if found.legacy_locks:
+        notes.append(f"{found.legacy_locks} old lock files (rag-opt cache prune removes them)")
+    if found.foreign:
+        notes.append(f"{len(found.foreign)} other files (not an encoding cache's)")
+    over = f"; over the bound: rag-opt cache prune --max-bytes {bound}" if found.bytes > bound else ""
     print(
-        f"{found.folder}: {found.entries} encodings, {found.bytes} bytes ({found.bytes / 2**20:.1f} MiB) on disk{note}"
+        f"{found.folder}: {found.entries} encodings, {found.bytes} bytes ({_size(found.bytes)}) on disk, "
+        f"{fill:.1%} of the {_size(bound)} bound{over}" + "".join(f"; {n}" for n in notes)
     )
     return 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    found = scan(args.cache_dir)  # the folder exists (UserError otherwise)
+    tier = DiskTier(found.folder, max_bytes=max(1, int(args.max_bytes)), write_behind=False)
+    try:
+        removed, freed = tier.prune(int(args.max_bytes))
+        errors = tier.stats().errors
+    finally:
+        tier.close()
+    after = scan(found.folder)
+    print(
+        f"rag-opt cache prune: removed {removed} encodings ({_size(freed)}) from {found.folder}; "
+        f"{after.entries} left, {_size(after.bytes)} of the {_size(args.max_bytes)} bound"
+        + (f"; {errors} files could not be read or removed (see the log)" if errors else "")
+    )
+    return 1 if errors else 0
 
 
 def _clear(args: argparse.Namespace) -> int:
@@ -131,7 +210,8 @@ def _clear(args: argparse.Namespace) -> int:
         shown = ", ".join(found.foreign[:3]) + (f" and {len(found.foreign) - 3} more" if len(found.foreign) > 3 else "")
         raise UserError(
             f"{found.folder} does not look like an encoding cache (it holds {shown}); nothing was removed. An "
-            "encoding cache holds only two-hex-digit folders of .safetensors and .lock files"
+            "encoding cache holds only two-hex-digit folders of .safetensors files (and its claim and temporary "
+            "files)"
         )
     for name in found.files:
         Path(name).unlink(missing_ok=True)

@@ -16,7 +16,11 @@ otherwise): the sentence probe's depth, and the document probe's when document r
 other than ``input``). Both come from one forward pass at the deeper one (a layer's states do not depend on the
 layers after it). ``--layers N`` indexes that depth only.
 
-Resumable: a block whose encodings are all on disk already is skipped (a rerun does no forward pass). A row that
+Resumable: a block whose encodings are all on disk already is skipped (a rerun does no forward pass). Two indexers
+on one folder do not encode the same block twice: each claims a block before encoding it (a claim file, removed when
+its entry is written; a dead indexer's claim is taken over), and a row whose block another indexer holds is tried
+again at the end of the run, when that entry is usually on disk. ``--cache-format`` must be the server's, and the
+folder is bounded by ``--max-bytes`` (least recently used entries evicted). A row that
 cannot be indexed (invalid JSON, no text, empty text, not UTF-8) is logged with its line number and the others go
 on; the exit status is 0 when every row was indexed (or was already), 1 when some failed.
 
@@ -39,10 +43,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rag_opt.cli.cache import byte_size
 from rag_opt.cli.common import UserError, add_language_arg, add_model_args, add_title_args, positive_int, title_kwargs
 from rag_opt.cli.index_rows import IndexSummary, RowResult, batches, count_rows, parse_row
 from rag_opt.errors import RagOptError
 from rag_opt.install import install_hint
+from rag_opt.models.cache_disk import DEFAULT_DISK_BYTES
+from rag_opt.models.kv_codec import DEFAULT_FORMAT, FORMATS
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.models.encoding_cache import EncodingCache
@@ -78,13 +85,21 @@ class DocumentIndexer:
         batch_tokens: int = 6144,
         title_keys: Sequence[str] | None = None,
         title_from_text: bool = True,
+        cache_format: str | None = None,
+        max_bytes: int | None = None,
     ) -> None:
+        from rag_opt.models.cache_disk import DEFAULT_DISK_BYTES, DiskTier
         from rag_opt.models.encoding_cache import EncodingCache
         from rag_opt.models.parallel import prefix_tokens
         from rag_opt.models.parallel_features import block_limit
         from rag_opt.pipeline import ContextOptimizer
 
-        self.cache: EncodingCache = EncodingCache(0, disk=cache_dir)  # the disk tier only: nothing kept in memory
+        # the disk tier only (nothing kept in memory), written inline: a write-behind queue that is full skips a
+        # write, which would leave a document out of the index
+        self.disk = DiskTier(cache_dir, max_bytes=max_bytes or DEFAULT_DISK_BYTES, write_behind=False)
+        self.cache: EncodingCache = EncodingCache(0, disk=self.disk, format=cache_format)
+        self._held: set[str] = set()  # claims this indexer holds (blocks it encodes now)
+        self.deferred: list[tuple[int, dict[str, Any]]] = []  # rows whose blocks another indexer was encoding
         titles: dict[str, Any] = {"title_from_text": title_from_text}
         if title_keys is not None:
             titles["title_keys"] = title_keys
@@ -156,8 +171,31 @@ class DocumentIndexer:
         kinds = (kind, sources_kind(ends)) if self.cross and kind == "block" and ends is not None else (kind,)
         return all(self.key(ids, d, k) in self.cache for d in self.depths for k in kinds)
 
-    def index_rows(self, rows: Sequence[tuple[int, dict[str, Any]]]) -> list[RowResult]:
-        """Index ``(line, document)`` rows: their missing blocks in shared document passes; one result per row."""
+    def _claim(self, block: Block) -> bool:
+        """Claim ``block`` for this indexer in the disk folder (False: another indexer is encoding it now)."""
+        ck = self.cache.store_key(self.key(block.ids, self.depths[-1], "block"))
+        if ck in self._held or self.disk.claim(ck):
+            self._held.add(ck)
+            return True
+        return False
+
+    def release(self) -> None:
+        """Release every claim this indexer holds (after its entries are written, or on failure)."""
+        for ck in self._held:
+            self.disk.release(ck)
+        self._held.clear()
+
+    def close(self) -> None:
+        """Write what is pending, release the claims and the folder."""
+        self.release()
+        if not self.cache.flush(600):
+            logger.error("the encoding cache's disk tier did not finish writing within 10 minutes")
+        self.cache.close()
+
+    def index_rows(self, rows: Sequence[tuple[int, dict[str, Any]]], *, defer: bool = True) -> list[RowResult]:
+        """Index ``(line, document)`` rows: their missing blocks in shared document passes; one result per row (a
+        row whose blocks another indexer holds is deferred: :attr:`deferred`, no result yet; ``defer=False``
+        encodes it anyway)."""
         from rag_opt.models.document_pass import encode_blocks, encode_blocks_with_sources
         from rag_opt.models.encoding_cache import sources_kind
 
@@ -172,6 +210,12 @@ class DocumentIndexer:
                 continue
             if not missing:
                 out[line] = RowResult(line, "cached")
+                continue
+            # two indexers on one folder: a block another one is encoding now is left to it (the row is tried again
+            # at the end of the run, when that entry is usually on disk)
+            held_elsewhere = [k for k, b in missing.items() if k not in todo and not self._claim(b)]
+            if held_elsewhere and defer:
+                self.deferred.append((line, document))  # the claims it took are released below
                 continue
             pending[line] = sum(k not in todo for k in missing)
             todo.update(missing)
@@ -206,9 +250,12 @@ class DocumentIndexer:
             for line in pending:
                 out[line] = RowResult(line, "failed", f"line {line}: the document pass failed ({exc})")
             pending = {}
+        finally:
+            self.release()
         for line, new in pending.items():
             out[line] = RowResult(line, "indexed", blocks=new)
-        return [out[line] for line, _ in rows]
+        deferred = {line for line, _ in self.deferred}
+        return [out[line] for line, _ in rows if line in out or line not in deferred]
 
     def _put(self, ids: Sequence[int], states: Any, kind: str) -> None:
         """Keep ``states`` (``(2, depth, kv_heads, tokens, head_dim)`` at the deepest depth; source queries
@@ -268,6 +315,24 @@ def run_index(
                 failed.clear()
                 tally(indexer.index_rows(rows))
             tally(failed)
+            if indexer.deferred:  # rows another indexer was encoding: read from its entries now, or encoded
+                again, indexer.deferred = indexer.deferred, []
+                tally(indexer.index_rows(again, defer=False))
+            indexer.close()
+            st = indexer.disk.stats()
+            if st.errors or st.skipped:
+                logger.error(
+                    "the disk tier at %s failed %d writes and skipped %d: those documents are not indexed (see the "
+                    "warnings above)",
+                    cache_dir,
+                    st.errors,
+                    st.skipped,
+                )
+            if st.evictions:
+                logger.warning(
+                    "%d entries were evicted: the corpus is larger than the disk tier's bound (--max-bytes)",
+                    st.evictions,
+                )
             if indexer.split_documents:
                 logger.info(
                     "%d documents are longer than one block (%d proxy tokens) and were indexed in pieces, as requests "
@@ -291,7 +356,7 @@ class RayIndexer:
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
         rows = [(int(n), json.loads(str(r))) for n, r in zip(batch["line"], batch["record"], strict=True)]
-        results = self.indexer.index_rows(rows)
+        results = self.indexer.index_rows(rows, defer=False)  # (written inline: nothing left to flush)
         return {
             "line": [r.line for r in results],
             "status": [r.status for r in results],
@@ -376,6 +441,19 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--batch", type=positive_int, default=DEFAULT_BATCH, help=f"rows per batch (default {DEFAULT_BATCH})"
     )
+    p.add_argument(
+        "--cache-format",
+        choices=list(FORMATS),
+        default=DEFAULT_FORMAT,
+        help=f"how entries are stored; the server's --cache-format must match (default {DEFAULT_FORMAT})",
+    )
+    p.add_argument(
+        "--max-bytes",
+        type=byte_size,
+        default=DEFAULT_DISK_BYTES,
+        help="the disk tier's bound (e.g. 20GiB; least recently used evicted; default 8GiB): the server's "
+        "--cache-disk-bytes should match",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
     p.add_argument("--ray", action="store_true", help="run on Ray Data (needs the ray extra)")
     p.add_argument("--ray-address", help="with --ray: a running Ray cluster (default: a local Ray)")
@@ -405,6 +483,8 @@ def _index(args: argparse.Namespace) -> int:
         probe=None if args.probe == "none" else args.probe,
         language=args.language,
         layers=args.layers,
+        cache_format=args.cache_format,
+        max_bytes=args.max_bytes,
         **title_kwargs(args),
     )
     print(summary.line(cache_dir))

@@ -31,6 +31,7 @@ from rag_opt.models.parallel import ParallelPrompt, context_positions
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from rag_opt.models.kv_codec import EncodedStates
     from rag_opt.models.loader import ProxyModel
 
 __all__ = ["SOURCE_CHUNK", "cross_reads"]
@@ -41,8 +42,8 @@ SOURCE_CHUNK = 128  # source rows per product (memory: heads × chunk × context
 def cross_reads(
     proxy: ProxyModel,
     prompt: ParallelPrompt,
-    parts: Sequence[torch.Tensor],
-    queries: Sequence[torch.Tensor],
+    parts: Sequence[EncodedStates],
+    queries: Sequence[EncodedStates],
     depth: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(cross, cross_sources)`` of one context: ``(units, depth, heads)`` and ``(units,)`` (see the module doc).
@@ -78,8 +79,8 @@ def cross_reads(
     p = len(prompt.prefix)
     src_pos = torch.tensor([p + i for b in prompt.blocks for i in b.ends], dtype=torch.long, device=dev)
     cos, sin = _rotation(proxy, prompt.question_start - src_pos)
-    keys = torch.cat([part[0, :depth] for part in parts], dim=2).to(dev)  # (L, KVH, C_all, d)
-    q_all = torch.cat([q[:depth] for q in queries], dim=2).to(dev)  # (L, H, S, d)
+    keys = torch.cat([part.decode_keys(depth) for part in parts], dim=2).to(dev)  # (L, KVH, C_all, d)
+    q_all = torch.cat([q.decode(depth=depth) for q in queries], dim=2).to(dev)  # (L, H, S, d)
     heads = q_all.shape[1]
     kvh = keys.shape[1]
     scale = float(q_all.shape[-1]) ** -0.5  # the model's own scaling (head_dim ** -0.5)

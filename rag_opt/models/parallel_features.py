@@ -20,6 +20,7 @@ import numpy as np
 from rag_opt.models.document_pass import encode_blocks, encode_blocks_with_sources
 from rag_opt.models.encoding_cache import EncodingCache, encoding_key, sources_kind
 from rag_opt.models.extract import AttentionFeatures
+from rag_opt.models.kv_codec import EncodedStates, encode_states
 from rag_opt.models.parallel import Block, ParallelPrompt, parallel_prompt
 from rag_opt.models.parallel_cross import cross_reads
 from rag_opt.models.prompt import PARALLEL_TEMPLATE_ID, VIEWS
@@ -67,8 +68,8 @@ def extract_parallel(
     def key(ids: Sequence[int], kind: str = "block") -> str:
         return encoding_key(ids, model=model, dtype=dtype, depth=layers, template=PARALLEL_TEMPLATE_ID, kind=kind)
 
-    states: dict[str, torch.Tensor] = {}
-    queries: dict[str, torch.Tensor] = {}  # cross: each block's source queries, by its sources key
+    states: dict[str, EncodedStates] = {}
+    queries: dict[str, EncodedStates] = {}  # cross: each block's source queries, by its sources key
     hits = [0] * len(prompts)
     misses = [0] * len(prompts)
     keys = [[key(block.ids) for block in prompt.blocks] for prompt in prompts]  # each block's, hashed once
@@ -105,20 +106,18 @@ def extract_parallel(
             )
         else:
             (pre, computed), kept = encode_blocks(proxy, prefix, ids, layers, batch_tokens=batch_tokens), []
-        prefix_states = pre if prefix_states is None else prefix_states
+        if prefix_states is None:
+            prefix_states = _stored(cache, prefix_key, pre)
         for i, (tk, block) in enumerate(todo.items()):
-            k = key(block.ids)
-            states[k] = computed[i]
-            if cache is not None and k not in cache:
-                cache.put(k, computed[i])
+            # the entry as the cache stores it (a quantized format changes the states): a cold request reads what
+            # a warm one will, so both give the same answer
+            states[key(block.ids)] = _stored(cache, key(block.ids), computed[i])
             if cross:
-                queries[tk] = kept[i]
-                if cache is not None:
-                    cache.put(tk, kept[i])
+                queries[tk] = _stored(cache, tk, kept[i])
     if prefix_states is None:  # every block was cached, the prefix was not: its own pass
-        _, (prefix_states,) = encode_blocks(proxy, [], [prefix], layers, batch_tokens=batch_tokens)
-    if cache is not None and prefix_key not in cache:
-        cache.put(prefix_key, prefix_states)
+        _, (pre_alone,) = encode_blocks(proxy, [], [prefix], layers, batch_tokens=batch_tokens)
+        prefix_states = _stored(cache, prefix_key, pre_alone)
+    fmt = cache.format.name if cache is not None else "bf16"
     rows = [QuestionPass(p, [prefix_states, *(states[k] for k in keys[c])]) for c, p in enumerate(prompts)]
     out: list[AttentionFeatures | None] = [None] * len(rows)
     order = sorted(range(len(rows)), key=lambda i: rows[i].length)
@@ -134,7 +133,8 @@ def extract_parallel(
                 feats.cache_hits, feats.cache_misses = hits[j], misses[j]
                 if cross:
                     feats.cross, feats.cross_sources = CROSS_READS.get_or_compute(
-                        (*source_keys[j], prompts[j].question_start),  # the tokens and the units of each block
+                        # the tokens and the units of each block, and the format their states were read in
+                        (fmt, *source_keys[j], prompts[j].question_start),
                         lambda j=j: cross_reads(  # type: ignore[misc]
                             proxy, prompts[j], rows[j].parts, [queries[k] for k in source_keys[j]], layers
                         ),
@@ -178,6 +178,11 @@ class _CrossReads:
 
 
 CROSS_READS = _CrossReads(256)  # a reading of 50 sentences at 16 layers is ~30 KB
+
+
+def _stored(cache: EncodingCache | None, key: str, value: torch.Tensor) -> EncodedStates:
+    """``value`` kept in ``cache`` under ``key`` and read back as stored, or, with no cache, as it is."""
+    return cache.put(key, value) if cache is not None else encode_states(value, "bf16")
 
 
 def block_limit(proxy: ProxyModel, max_tokens: int) -> int:

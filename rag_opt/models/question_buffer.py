@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from rag_opt.models.kv_codec import EncodedStates
     from rag_opt.models.loader import ProxyModel
 
 __all__ = [
@@ -37,13 +38,13 @@ ASSEMBLE_ONE_ROW_IN_FLOAT32 = True  # a one-row pass's buffer in float32 (False:
 class AssembledBuffer:
     """A kept question-pass buffer: the parts it was assembled from, its depth, and the buffer."""
 
-    parts: tuple[torch.Tensor, ...]  # held: their ids in the key stay theirs
+    parts: tuple[EncodedStates, ...]  # held: their ids in the key stay theirs
     depth: int
     buf: torch.Tensor
 
 
 def assemble_states(
-    proxy: ProxyModel, row_parts: Sequence[Sequence[torch.Tensor]], depth: int, c_max: int, s_max: int
+    proxy: ProxyModel, row_parts: Sequence[Sequence[EncodedStates]], depth: int, c_max: int, s_max: int
 ) -> torch.Tensor:
     """The buffer ``(2, layers, B, KVH, c_max + room, d)`` of a question pass: each batch row's cached parts copied
     once into place, with room after them for the pass's own keys and values (written there layer by layer:
@@ -78,12 +79,12 @@ def assemble_states(
     shape = (2, depth, len(row_parts), first.shape[2], c_max + room, first.shape[4])
     buf = _spare(proxy, shape, dtype) if key is not None else None
     if buf is None:
-        buf = first.new_empty(shape, dtype=dtype)
+        buf = torch.empty(shape, dtype=dtype)
     for b, parts in enumerate(row_parts):
         pos = 0
         for part in parts:
-            n = int(part.shape[3])
-            buf[:, :, b, :, pos : pos + n] = part[:, :depth]
+            n = part.tokens
+            part.decode_into(buf[:, :, b, :, pos : pos + n], depth)  # decoded straight into place
             pos += n
         buf[:, :, b, :, pos:] = 0
     buf = buf.to(proxy.device)

@@ -19,6 +19,7 @@ from rag_opt.models.parallel import ParallelPrompt, context_positions
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from rag_opt.models.kv_codec import EncodedStates
     from rag_opt.models.loader import ProxyModel
 
 __all__ = ["QuestionPass", "question_mask", "run_question_passes"]
@@ -29,11 +30,11 @@ class QuestionPass:
     """One batch row of a question pass: the cached keys/values it reads and what the capture reads."""
 
     prompt: ParallelPrompt
-    parts: list[torch.Tensor]  # each (2, layers, KVH, n, d): keys then values of the prefix, then of each block
+    parts: list[EncodedStates]  # each (2, layers, KVH, n, d): keys then values of the prefix, then of each block
 
     @property
     def length(self) -> int:
-        return sum(int(p.shape[3]) for p in self.parts)
+        return sum(p.tokens for p in self.parts)
 
 
 def question_mask(lengths: Sequence[int], questions: Sequence[Sequence[int]], dtype: torch.dtype) -> torch.Tensor:

@@ -26,7 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, f
 from pydantic.fields import FieldInfo
 
 from rag_opt.errors import ConfigurationError, InvalidInputError
+from rag_opt.models.cache_disk import DEFAULT_DISK_BYTES
 from rag_opt.models.encoding_cache import DEFAULT_CACHE_BYTES
+from rag_opt.models.kv_codec import DEFAULT_FORMAT, FORMATS
 from rag_opt.models.prompt import DEFAULT_ENCODING, ENCODINGS, template_for
 from rag_opt.text.language import check_language
 from rag_opt.text.titles import DEFAULT_TITLE_KEYS
@@ -184,6 +186,44 @@ class ProxySettings(BaseModel):
         description="folder of the encoding cache's disk tier, shared by workers and processes and filled ahead by "
         "'rag-opt index' (default: none, memory only)",
         json_schema_extra={"flag": "--cache-dir", "metavar": "DIR"},
+    )
+    encoding_cache_disk_bytes: int = Field(
+        default=DEFAULT_DISK_BYTES,
+        ge=1,
+        description="bound of the disk tier (--cache-dir) in bytes, least recently used evicted first",
+        json_schema_extra={"flag": "--cache-disk-bytes", "metavar": "BYTES"},
+    )
+    encoding_cache_url: str | None = Field(
+        default=None,
+        description="a shared tier on Redis or Valkey (redis://host:port/db, rediss://, unix://, valkey://), shared "
+        "by every replica: a document one replica read is a cache hit for the others. Entries carry --cache-ttl and "
+        "the store's own memory policy evicts; a store that is down or slow costs a recomputation, never an error",
+        json_schema_extra={"flag": "--cache-url", "metavar": "URL"},
+    )
+    encoding_cache_ttl: float = Field(
+        default=7 * 86400.0,
+        gt=0,
+        description="lifetime of a shared-tier (--cache-url) entry in seconds",
+        json_schema_extra={"flag": "--cache-ttl", "metavar": "SECONDS"},
+    )
+    encoding_cache_format: str = Field(
+        default=DEFAULT_FORMAT,
+        description="how cached keys and values are stored (docs/operations.md gives each format's bytes per token "
+        "and quality): bf16 (the model's dtype), int8, k8v4, k4v4 or k4v2 (keys/values bits)",
+        json_schema_extra={"flag": "--cache-format", "choices": list(FORMATS)},
+    )
+    cache_namespace: str = Field(
+        default="none",
+        description="keep tenants' cache entries apart: none (one cache for all), api-key (one namespace per client "
+        "key) or header:NAME (per value of the request header NAME); a tenant's documents are never a cache hit "
+        "for another",
+        json_schema_extra={"metavar": "MODE"},
+    )
+    expose_cache_hits: bool = Field(
+        default=False,
+        description="report per-request cache hits and misses to clients (x-ragopt-cache-hits, cache_hits): they "
+        "tell a client whether anyone sent a document recently, so they are off unless tenants are namespaced "
+        "or trusted (docs/operations.md)",
     )
     # where context is found
     document_tag: str = Field(
@@ -450,6 +490,36 @@ class ProxySettings(BaseModel):
         if os.path.exists(path) and not os.path.isdir(path):
             raise ConfigurationError(f"{v!r} exists and is not a folder")
         return path
+
+    @field_validator("encoding_cache_url")
+    @classmethod
+    def _cache_url(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        from rag_opt.models.cache_redis import ACCEPTED_URLS, redacted_url
+
+        v = v.strip()
+        if v.split("://", 1)[0] not in ("redis", "rediss", "unix", "valkey", "valkeys") or "://" not in v:
+            raise ConfigurationError(f"{redacted_url(v)!r} is not a store URL: use {', '.join(ACCEPTED_URLS)}")
+        return v
+
+    @field_validator("encoding_cache_format")
+    @classmethod
+    def _cache_format(cls, v: str) -> str:
+        v = str(v).strip()
+        if v not in FORMATS:
+            raise ConfigurationError(f"must be one of {', '.join(FORMATS)}, got {v!r}")
+        return v
+
+    @field_validator("cache_namespace")
+    @classmethod
+    def _cache_namespace(cls, v: str) -> str:
+        v = str(v).strip()
+        if v in ("none", "api-key"):
+            return v
+        if v.startswith("header:") and re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", v[len("header:") :]):
+            return "header:" + v[len("header:") :].lower()
+        raise ConfigurationError(f"must be none, api-key or header:NAME (a header name), got {v!r}")
 
     @model_validator(mode="before")
     @classmethod

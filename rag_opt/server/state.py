@@ -44,16 +44,24 @@ def build_encoding_cache(settings: ProxySettings) -> EncodingCache | None:
     ``--no-cache``, or with ``--cache-bytes 0`` and no ``--cache-dir`` (nothing could be kept)."""
     if settings.encoding != "parallel" or not settings.encoding_cache:
         return None
-    if settings.encoding_cache_bytes == 0 and settings.encoding_cache_dir is None:
+    if settings.encoding_cache_bytes == 0 and settings.encoding_cache_dir is None and not settings.encoding_cache_url:
         return None
-    return EncodingCache(settings.encoding_cache_bytes, disk=settings.encoding_cache_dir)
+    return EncodingCache(
+        settings.encoding_cache_bytes,
+        disk=settings.encoding_cache_dir,
+        disk_bytes=settings.encoding_cache_disk_bytes,
+        shared=settings.encoding_cache_url,
+        format=settings.encoding_cache_format,
+        ttl=settings.encoding_cache_ttl,
+    )
 
 
 def _describe(cache: EncodingCache | None) -> str:
     if cache is None:
         return "no encoding cache"
     disk = f", disk tier {cache.disk}" if cache.disk is not None else ""
-    return f"encoding cache: {cache.max_bytes / 2**20:g} MiB in memory{disk}"
+    shared = f", shared tier {getattr(cache.shared_tier, 'url', 'custom')}" if cache.shared_tier is not None else ""
+    return f"encoding cache ({cache.format.name}): {cache.max_bytes / 2**20:g} MiB in memory{disk}{shared}"
 
 
 class ProxyState:

@@ -1,0 +1,245 @@
+"""Compact cache entries: every cache format's bytes per document token, quality and warm latency against today's
+bf16 entries, paired on the same questions in one run.
+
+Each question's documents are encoded once (bf16, the model's dtype, as today); every format's cache is then filled
+from those same states (quantized by the format) and the question is answered from it, warm. So the formats differ
+only in how the cached states were stored, and each is paired with bf16 on the same questions:
+
+    OMP_NUM_THREADS=1 python benchmarks/cache_formats.py --hotpot 600        # → benchmarks/results/cache_formats.json
+
+HotpotQA dev (titles given as a field and not at all; ratios 1/3 and 1/5): supporting-fact recall and answer kept,
+per format, with the paired difference against bf16 and its 95 % bootstrap interval. ``--nq N``: the NQ
+multi-document setting (N questions at 10, 20 and 30 documents, the gold passage at every fifth slot): gold passage
+kept and answer kept at 1/3. ``--records N``: lookups in JSON record lists (the structured-record test set of
+``benchmarks/ablations/probe_transfer.py``). Bytes: each format's entries as stored (serialized, everything
+included: the prefix, every block and its source queries) over the document tokens they hold. Warm latency: the
+first question over cached documents (the question buffer assembled, i.e. the entries decoded) and a bare fp32
+forward of the proxy over the same prompt, interleaved per question.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from common import data_dir, paired_bootstrap
+from compression import ContextSpy, bare_forward_ms, hotpot_documents, hotpot_metrics
+
+from rag_opt.models.encoding_cache import EncodingCache
+from rag_opt.models.kv_codec import FORMATS
+from rag_opt.models.parallel_features import CROSS_READS
+from rag_opt.pipeline import ContextOptimizer
+from rag_opt.training.datasets import contains_answer, read_hotpotqa
+
+logger = logging.getLogger("bench.cache_formats")
+RESULTS = Path(__file__).resolve().parent / "results"
+BIG = 8 << 30
+
+
+class RecordingCache(EncodingCache):
+    """A bf16 cache that remembers every state it was given, by content key (to fill the other formats' caches)."""
+
+    def __init__(self) -> None:
+        super().__init__(BIG, format="bf16")
+        self.raw: dict[str, Any] = {}
+
+    def put(self, key: str, value: Any) -> Any:
+        self.raw[key] = value
+        return super().put(key, value)
+
+
+def _filled(fmt: str, raw: dict[str, Any]) -> tuple[EncodingCache, int]:
+    """A cache of format ``fmt`` holding ``raw``'s states, and the bytes they take serialized."""
+    cache = EncodingCache(BIG, format=fmt)
+    size = 0
+    for k, v in raw.items():
+        entry = cache.put(k, v)
+        size += len(entry.to_bytes(cache.store_key(k)))
+    return cache, size
+
+
+def _doc_tokens(raw: dict[str, Any]) -> int:
+    """Document tokens held: the blocks' (kv entries other than the prefix's)."""
+    return sum(int(v.shape[3]) for v in raw.values() if v.dim() == 5 and v.shape[3] > 0)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from tqdm.auto import tqdm
+
+    from rag_opt.compressors.sentinel import SentinelCompressor
+
+    formats = [f for f in args.formats.split(",") if f]
+    for f in formats:
+        if f not in FORMATS:
+            raise SystemExit(f"unknown format {f!r}: use {', '.join(FORMATS)}")
+    ratios = [float(Fraction(r)) for r in args.ratios.split(",")]
+    regimes = [t for t in args.titles.split(",") if t]
+    hotpot = read_hotpotqa(data_dir() / "hotpotqa" / "dev.jsonl.gz", seed=0, limit=args.offset + args.hotpot)
+    hotpot = hotpot[args.offset :]
+    sentinel = SentinelCompressor.from_model(None, encoding="parallel")
+    spy = ContextSpy(sentinel)
+    opt = ContextOptimizer(scorer=spy)
+    rows: dict[str, list[dict[str, Any]]] = {}  # "fmt|titles|ratio" → per-question metrics
+    sizes: dict[str, list[int]] = {f: [] for f in formats}
+    tokens: list[int] = []
+    warm: dict[str, list[float]] = {f: [] for f in formats}
+    bare: list[float] = []
+    log = Path(args.log) if args.log else None
+    for qi, ex in enumerate(tqdm(hotpot, desc="hotpot", mininterval=10)):
+        for titles in regimes:
+            docs, shifts = hotpot_documents(ex, titles)
+            rec = RecordingCache()
+            sentinel.cache = rec
+            opt.optimize(ex.question, docs, ratio=ratios[0])  # encodes every block once, in bf16
+            if titles == regimes[0]:
+                tokens.append(_doc_tokens(rec.raw))
+            for fmt in formats:
+                cache, size = _filled(fmt, rec.raw)
+                sentinel.cache = cache
+                # every format's first question starts alike: nothing of these documents read yet but their entries
+                CROSS_READS.clear()
+                sentinel.proxy.question_buffers.clear()
+                for r in ratios:
+                    t0 = time.perf_counter()
+                    res = opt.optimize(ex.question, docs, ratio=r)
+                    ms = (time.perf_counter() - t0) * 1e3
+                    if titles == regimes[0] and r == ratios[0]:
+                        warm[fmt].append(ms)
+                        sizes[fmt].append(size)
+                    rows.setdefault(f"{fmt}|{titles}|{r:.3f}", []).append(hotpot_metrics(ex, res, shifts))
+            if titles == regimes[0] and spy.last is not None:
+                bare.append(bare_forward_ms(sentinel.proxy, spy.last[1], spy.last[0]))
+        if log is not None and (qi + 1) % 25 == 0:
+            log.write_text(json.dumps(_summary(formats, regimes, ratios, rows, sizes, tokens, warm, bare), indent=1))
+    out = _summary(formats, regimes, ratios, rows, sizes, tokens, warm, bare)
+    if args.nq:
+        out["nq"] = run_nq(args, sentinel, opt, formats)
+    return out
+
+
+def run_nq(args: argparse.Namespace, sentinel: Any, opt: ContextOptimizer, formats: list[str]) -> dict[str, Any]:
+    """NQ multi-document (held-out test split): the gold passage ranked first / in the top 3 by document relevance,
+    and the answer kept at 1/3, per format, at 10, 20 and 30 documents (the gold passage at every fifth slot in
+    turn; under parallel encoding a document's features do not depend on its slot)."""
+    from tqdm.auto import tqdm
+
+    from rag_opt.training.nq_contexts import nq_records
+
+    records = nq_records(data_dir() / "nq_multidoc" / "public.jsonl.gz", "test")[: args.nq]
+    out: dict[str, Any] = {}
+    for n_docs in (10, 20, 30):
+        per: dict[str, dict[str, list[float]]] = {f: {"r1": [], "r3": [], "answer": []} for f in formats}
+        slots = list(range(0, n_docs, 5))
+        for i, ex in enumerate(tqdm(records, desc=f"nq {n_docs}", mininterval=10)):
+            slot = slots[i % len(slots)]
+            docs = [{"id": str(j), **d} for j, d in enumerate(ex.documents(n_docs, slot))]
+            rec = RecordingCache()
+            sentinel.cache = rec
+            opt.optimize(ex.question, docs, ratio=1 / 3)
+            for fmt in formats:
+                cache, _ = _filled(fmt, rec.raw)
+                sentinel.cache = cache
+                res = opt.optimize(ex.question, docs, ratio=1 / 3, ordering="relevance")
+                ranked = [d.id for d in sorted(res.documents, key=lambda d: -(d.score or 0.0))]
+                rank = ranked.index(str(slot)) if str(slot) in ranked else n_docs
+                per[fmt]["r1"].append(float(rank < 1))
+                per[fmt]["r3"].append(float(rank < 3))
+                per[fmt]["answer"].append(float(any(contains_answer(res.context(), a) for a in ex.answers)))
+        out[str(n_docs)] = {
+            f: {
+                **{m: float(np.mean(v)) for m, v in per[f].items()},
+                "vs_bf16": {m: paired_bootstrap(per["bf16"][m], per[f][m]) for m in per[f]} if "bf16" in per else None,
+            }
+            for f in formats
+        }
+    return out
+
+
+def _summary(
+    formats: list[str],
+    regimes: list[str],
+    ratios: list[float],
+    rows: dict[str, list[dict[str, Any]]],
+    sizes: dict[str, list[int]],
+    tokens: list[int],
+    warm: dict[str, list[float]],
+    bare: list[float],
+) -> dict[str, Any]:
+    n = len(tokens)
+    out: dict[str, Any] = {"questions": n, "formats": {}}
+    for fmt in formats:
+        entry: dict[str, Any] = {
+            "bytes_per_token": sum(sizes[fmt][:n]) / max(1, sum(tokens[: len(sizes[fmt])])),
+            "warm_ms_median": statistics.median(warm[fmt]) if warm[fmt] else None,
+            "warm_over_bare_forward": statistics.median(
+                [w / b for w, b in zip(warm[fmt], bare, strict=False) if b > 0]
+            )
+            if bare
+            else None,
+        }
+        for titles in regimes:
+            for r in ratios:
+                key = f"{fmt}|{titles}|{r:.3f}"
+                base = rows.get(f"bf16|{titles}|{r:.3f}", [])
+                mine = rows.get(key, [])
+                m = min(len(base), len(mine))
+                cell: dict[str, Any] = {}
+                for metric in ("sf_recall", "answer_retention"):
+                    vals = [x[metric] for x in mine if x[metric] is not None]
+                    cell[metric] = float(np.mean(vals)) if vals else None
+                    if base and fmt != "bf16":
+                        cell[metric + "_vs_bf16"] = paired_bootstrap(
+                            [x[metric] for x in base[:m]], [x[metric] for x in mine[:m]]
+                        )
+                entry[f"{titles} {r:.3f}"] = cell
+        out["formats"][fmt] = entry
+    out["bare_forward_ms_median"] = statistics.median(bare) if bare else None
+    return out
+
+
+def show(res: dict[str, Any]) -> None:
+    logger.info("questions: %s", res["questions"])
+    for fmt, e in res["formats"].items():
+        cells = {k: v for k, v in e.items() if isinstance(v, dict)}
+        parts = []
+        for k, v in cells.items():
+            d = v.get("sf_recall_vs_bf16", {}).get("diff")
+            a = v.get("answer_retention_vs_bf16", {}).get("diff")
+            parts.append(f"{k}: {v['sf_recall']:.3f}/{v['answer_retention']:.3f}" + (f" ({d:+.4f}/{a:+.4f})" if d is not None else ""))
+        logger.info(
+            "%-5s %7.0f B/token  warm %.0f ms (%.3fx bare)  %s",
+            fmt,
+            e["bytes_per_token"],
+            e["warm_ms_median"] or float("nan"),
+            e["warm_over_bare_forward"] or float("nan"),
+            "  ".join(parts),
+        )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hotpot", type=int, default=600, help="HotpotQA dev questions")
+    ap.add_argument("--offset", type=int, default=0)
+    ap.add_argument("--formats", default=",".join(FORMATS), help="cache formats to compare (bf16 first)")
+    ap.add_argument("--ratios", default="1/3,1/5")
+    ap.add_argument("--titles", default="field,none")
+    ap.add_argument("--nq", type=int, default=0, help="also the NQ multi-document setting, N questions")
+    ap.add_argument("--log", default=None, help="write the running summary here every 25 questions")
+    ap.add_argument("--out", default=str(RESULTS / "cache_formats.json"))
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    from common import run_or_report
+
+    run_or_report(Path(args.out), args.report_only, lambda: run(args), show)
+
+
+if __name__ == "__main__":
+    main()

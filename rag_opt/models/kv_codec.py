@@ -1,0 +1,363 @@
+"""Compact encoding-cache entries: the cached keys and values quantized, and their serialized form.
+
+A parallel encoding's cache entry is one block's key/value states, ``(2, layers, kv_heads, tokens, head_dim)``
+(keys then values), or a block's *source queries*, ``(layers, heads, sources, head_dim)`` (the cross-document
+reading's). Kept in the model's dtype (bf16) the embedded SmolLM2-135M's take 12,288 bytes per token at 16 layers.
+A *format* stores them smaller (after KIVI, ICML 2024, and CacheGen, arXiv 2310.07240):
+
+* **keys per channel**: each layer's, head's and channel's keys over the block's tokens share one scale and zero
+  point (a few channels carry large magnitudes over every token: a per-token scale would spend its levels on them);
+* **values per token**: each token's, layer's and head's value vector shares one scale and zero point;
+* **source queries per row**: each query vector its own symmetric scale.
+
+=========  ====  ======  ===============  ===============================================================
+format     keys  values  source queries   bytes per document token (embedded model, 16 layers, see docs)
+=========  ====  ======  ===============  ===============================================================
+``bf16``   bf16  bf16    bf16             today's entries: the model's dtype, unchanged (not quantized)
+``int8``   8     8       8
+``k8v4``   8     4       8
+``k4v4``   4     4       8
+``k4v2``   4     2       8
+=========  ====  ======  ===============  ===============================================================
+
+Scales and zero points are float16. Quantized codes are packed (two 4-bit or four 2-bit codes a byte, along the
+head dimension). A format is part of the cache's store key: entries of two formats never mix.
+
+An :class:`EncodedStates` is what the cache holds and hands out. It decodes lazily: the question pass copies a
+block's states into its buffer once per document set (:mod:`rag_opt.models.question_buffer`), decoding them straight
+into that buffer (:meth:`EncodedStates.decode_into`); another question over the same documents reads the buffer and
+decodes nothing. Serialized (:meth:`EncodedStates.to_bytes`) an entry is a safetensors blob (plain tensors, never
+pickle) that records its format, key, shape and a SHA-256 of its tensors; :func:`from_bytes` refuses a blob that
+does not match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rag_opt.errors import InvalidInputError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = [
+    "BLOB_FORMAT",
+    "DEFAULT_FORMAT",
+    "FORMATS",
+    "EncodedStates",
+    "KVFormat",
+    "encode_states",
+    "from_bytes",
+    "resolve_format",
+]
+
+BLOB_FORMAT = "rag-opt-encoding/2"
+
+
+@dataclass(frozen=True)
+class KVFormat:
+    """How an entry is stored: bits of keys, values and source queries (16: the model's dtype, unchanged)."""
+
+    name: str
+    key_bits: int
+    value_bits: int
+    query_bits: int
+
+    @property
+    def quantized(self) -> bool:
+        return min(self.key_bits, self.value_bits, self.query_bits) < 16
+
+
+FORMATS: dict[str, KVFormat] = {
+    f.name: f
+    for f in (
+        KVFormat("bf16", 16, 16, 16),
+        KVFormat("int8", 8, 8, 8),
+        KVFormat("k8v4", 8, 4, 8),
+        KVFormat("k4v4", 4, 4, 8),
+        KVFormat("k4v2", 4, 2, 8),
+    )
+}
+DEFAULT_FORMAT = "bf16"
+
+
+def resolve_format(spec: str | KVFormat | None) -> KVFormat:
+    """A :class:`KVFormat` from its name (None: :data:`DEFAULT_FORMAT`); an unknown name raises
+    :class:`~rag_opt.errors.InvalidInputError` listing the known ones."""
+    if spec is None:
+        return FORMATS[DEFAULT_FORMAT]
+    if isinstance(spec, KVFormat):
+        return spec
+    if isinstance(spec, str) and spec in FORMATS:
+        return FORMATS[spec]
+    raise InvalidInputError(f"unknown cache format {spec!r}: use one of {', '.join(FORMATS)}")
+
+
+class EncodedStates:
+    """One cache entry as stored: its tensors (codes, scales, zero points, or the states unchanged), the shape and
+    dtype it decodes to, and its format. Immutable once made; safe to share between threads."""
+
+    __slots__ = ("format", "kind", "shape", "dtype", "tensors", "nbytes")
+
+    def __init__(
+        self, fmt: KVFormat, kind: str, shape: tuple[int, ...], dtype: torch.dtype, tensors: Mapping[str, torch.Tensor]
+    ) -> None:
+        self.format = fmt
+        self.kind = kind  # "kv": (2, L, KVH, T, d) keys and values; "rows": (L, H, S, d) source queries
+        self.shape = shape
+        self.dtype = dtype
+        self.tensors = dict(tensors)
+        self.nbytes = sum(int(t.numel() * t.element_size()) for t in self.tensors.values())
+
+    @property
+    def tokens(self) -> int:
+        """Tokens (kv) or rows (source queries) the entry holds."""
+        return int(self.shape[3] if self.kind == "kv" else self.shape[2])
+
+    def decode(self, dtype: torch.dtype | None = None, depth: int | None = None) -> torch.Tensor:
+        """The states, ``shape`` (its first ``depth`` layers), in ``dtype`` (default: the model's)."""
+        import torch
+
+        dtype = dtype or self.dtype
+        if self.kind == "rows":
+            raw = self.tensors.get("states")
+            if raw is not None:
+                return (raw if depth is None else raw[:depth]).to(dtype)
+            return _dequant_rows(self.tensors, self.format.query_bits, self.shape, depth).to(dtype)
+        layers = self.shape[1] if depth is None else min(depth, self.shape[1])
+        out = torch.empty((2, layers, *self.shape[2:]), dtype=dtype)
+        self.decode_into(out, layers)
+        return out
+
+    def decode_keys(self, depth: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The keys of the first ``depth`` layers, ``(depth, KVH, T, d)``, in ``dtype`` (default: the model's)."""
+        import torch
+
+        if self.kind != "kv":
+            raise ValueError("only key/value entries have keys")
+        raw = self.tensors.get("states")
+        if raw is not None:
+            return raw[0, :depth].to(dtype or self.dtype)
+        layers = min(depth, self.shape[1])
+        out = torch.empty((layers, *self.shape[2:]), dtype=dtype or self.dtype)
+        _dequant_keys(self.tensors, self.format.key_bits, self.shape, layers, out)
+        return out
+
+    def decode_into(self, out: torch.Tensor, depth: int) -> None:
+        """Write the first ``depth`` layers' keys and values into ``out`` (``(2, depth, KVH, T, d)``, any float
+        dtype and strides): a question buffer's slice, decoded in place."""
+        if self.kind != "kv":
+            raise ValueError("only key/value entries decode into a question buffer")
+        raw = self.tensors.get("states")
+        if raw is not None:
+            out.copy_(raw[:, :depth])
+            return
+        f = self.format
+        _dequant_keys(self.tensors, f.key_bits, self.shape, depth, out[0])
+        stored = min(depth, self.shape[1] - 1)  # the last layer's values are not stored (see encode_states)
+        _dequant_values(self.tensors, f.value_bits, self.shape, stored, out[1, :stored])
+        out[1, stored:depth].zero_()
+
+    # -- serialization -----------------------------------------------------------------------------------------
+    def to_bytes(self, key: str) -> bytes:
+        """The entry as a safetensors blob that records ``key``, the format, shape, dtype and a checksum."""
+        from safetensors.torch import save
+
+        tensors = {name: t.contiguous() for name, t in sorted(self.tensors.items())}
+        meta = {
+            "format": BLOB_FORMAT,
+            "kv_format": self.format.name,
+            "kind": self.kind,
+            "key": key,
+            "shape": "x".join(str(n) for n in self.shape),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "sha256": _digest(tensors),
+        }
+        return bytes(save(tensors, metadata=meta))
+
+
+def from_bytes(blob: bytes, key: str) -> EncodedStates:
+    """The entry serialized in ``blob`` (:meth:`EncodedStates.to_bytes`); raises ``ValueError`` when the blob is
+    not one, is for another key or format version, or its checksum does not match."""
+    import json
+    import struct
+
+    import torch
+    from safetensors.torch import load
+
+    if len(blob) < 8:
+        raise ValueError("the entry is truncated")
+    (n,) = struct.unpack("<Q", blob[:8])
+    if n > len(blob) - 8:
+        raise ValueError("the entry is truncated")
+    try:
+        meta = json.loads(blob[8 : 8 + n]).get("__metadata__") or {}
+    except (ValueError, AttributeError):
+        raise ValueError("the entry's header is not JSON") from None
+    if meta.get("format") != BLOB_FORMAT or meta.get("key") != key:
+        raise ValueError("the entry is for another key or format")
+    try:
+        tensors = load(blob)
+    except Exception as exc:  # safetensors' own error type is no ValueError
+        raise ValueError(f"the entry is not a readable safetensors blob ({exc})") from None
+    if meta.get("sha256") != _digest(dict(sorted(tensors.items()))):
+        raise ValueError("its checksum does not match")
+    fmt = resolve_format(meta.get("kv_format"))
+    kind = meta.get("kind")
+    if kind not in ("kv", "rows"):
+        raise ValueError(f"unknown entry kind {kind!r}")
+    shape = tuple(int(x) for x in str(meta.get("shape", "")).split("x") if x)
+    dtype = getattr(torch, str(meta.get("dtype")), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError("unknown dtype")
+    entry = EncodedStates(fmt, kind, shape, dtype, tensors)
+    if "states" in tensors and tuple(tensors["states"].shape) != shape:
+        raise ValueError("its shape does not match the recorded one")
+    return entry
+
+
+def encode_states(states: torch.Tensor, fmt: KVFormat | str | None = None) -> EncodedStates:
+    """``states`` stored in ``fmt``: a 5-D ``(2, L, KVH, T, d)`` key/value tensor or a 4-D ``(L, H, S, d)`` source
+    query tensor."""
+
+    f = resolve_format(fmt)
+    shape = tuple(int(n) for n in states.shape)
+    if states.dim() == 5 and shape[0] == 2:
+        kind = "kv"
+    elif states.dim() == 4:
+        kind = "rows"
+    else:
+        raise ValueError(f"cannot store states of shape {shape}: expected (2, L, KVH, T, d) or (L, H, S, d)")
+    dtype = states.dtype
+    if kind == "kv":
+        if f.key_bits == 16 and f.value_bits == 16:
+            return EncodedStates(f, kind, shape, dtype, {"states": states.contiguous()})
+        x = states.float()
+        tensors: dict[str, torch.Tensor] = {}
+        _quant(x[0], f.key_bits, dim=2, prefix="k", out=tensors)  # keys: per channel, over the tokens
+        # values: per token, over the channels; the last layer's are not stored: a question pass reads an entry's
+        # last layer for its attention rows only (keys), and its output there is never used
+        _quant(x[1, :-1], f.value_bits, dim=3, prefix="v", out=tensors)
+        return EncodedStates(f, kind, shape, dtype, tensors)
+    if f.query_bits == 16:
+        return EncodedStates(f, kind, shape, dtype, {"states": states.contiguous()})
+    tensors = {}
+    _quant_symmetric(states.float(), f.query_bits, out=tensors)
+    return EncodedStates(f, kind, shape, dtype, tensors)
+
+
+# -- quantization ------------------------------------------------------------------------------------------------
+def _quant(x: torch.Tensor, bits: int, *, dim: int, prefix: str, out: dict[str, torch.Tensor]) -> None:
+    """Asymmetric ``bits``-bit codes of ``x`` (L, H, T, d) with one float16 scale and minimum per slice along
+    ``dim`` (2: per channel over tokens; 3: per token over channels); 16 bits keeps ``x`` in bfloat16."""
+    import torch
+
+    if bits == 16:
+        out[prefix] = x.to(torch.bfloat16)
+        return
+    lo = x.amin(dim=dim, keepdim=True)
+    hi = x.amax(dim=dim, keepdim=True)
+    levels = (1 << bits) - 1
+    scale = ((hi - lo) / levels).to(torch.float16)
+    lo16 = lo.to(torch.float16)
+    s = scale.float()
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    codes = torch.round((x - lo16.float()) / s).clamp_(0, levels).to(torch.uint8)
+    out[prefix] = _pack(codes, bits)
+    out[prefix + "_scale"] = scale
+    out[prefix + "_min"] = lo16
+
+
+def _dequant(
+    tensors: Mapping[str, torch.Tensor], prefix: str, bits: int, d: int, depth: int, out: torch.Tensor
+) -> None:
+    if bits == 16:
+        out.copy_(tensors[prefix][:depth])
+        return
+    codes = _unpack(tensors[prefix][:depth], bits, d)
+    scale = tensors[prefix + "_scale"][:depth].to(out.dtype)  # small: converted once, not per element
+    lo = tensors[prefix + "_min"][:depth].to(out.dtype)
+    out.copy_(codes)  # uint8 → out's float dtype
+    out.mul_(scale).add_(lo)
+
+
+def _dequant_keys(
+    tensors: Mapping[str, torch.Tensor], bits: int, shape: tuple[int, ...], depth: int, out: torch.Tensor
+) -> None:
+    _dequant(tensors, "k", bits, shape[4], depth, out)
+
+
+def _dequant_values(
+    tensors: Mapping[str, torch.Tensor], bits: int, shape: tuple[int, ...], depth: int, out: torch.Tensor
+) -> None:
+    _dequant(tensors, "v", bits, shape[4], depth, out)
+
+
+def _quant_symmetric(x: torch.Tensor, bits: int, *, out: dict[str, torch.Tensor]) -> None:
+    """Symmetric ``bits``-bit codes of ``x`` (L, H, S, d), one float16 scale per row (per query vector)."""
+    import torch
+
+    half = (1 << (bits - 1)) - 1
+    scale = (x.abs().amax(dim=-1, keepdim=True) / half).to(torch.float16)
+    s = scale.float()
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    codes = torch.round(x / s).clamp_(-half, half).add_(half).to(torch.uint8)
+    out["q"] = _pack(codes, bits)
+    out["q_scale"] = scale
+
+
+def _dequant_rows(
+    tensors: Mapping[str, torch.Tensor], bits: int, shape: tuple[int, ...], depth: int | None
+) -> torch.Tensor:
+    import torch
+
+    half = (1 << (bits - 1)) - 1
+    codes = tensors["q"] if depth is None else tensors["q"][:depth]
+    scale = tensors["q_scale"] if depth is None else tensors["q_scale"][:depth]
+    x = _unpack(codes, bits, shape[3]).to(torch.float32).sub_(half)
+    return x.mul_(scale.float())
+
+
+def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """``codes`` (uint8, each < 2**bits) packed along the last axis: 8 // bits codes a byte."""
+    if bits == 8:
+        return codes.contiguous()
+    per = 8 // bits
+    if codes.shape[-1] % per:
+        raise ValueError(f"the last dimension ({codes.shape[-1]}) must be a multiple of {per} to pack {bits}-bit codes")
+    grouped = codes.reshape(*codes.shape[:-1], codes.shape[-1] // per, per)
+    packed = grouped[..., 0].clone()
+    for i in range(1, per):
+        packed |= grouped[..., i] << (bits * i)
+    return packed.contiguous()
+
+
+def _unpack(packed: torch.Tensor, bits: int, d: int) -> torch.Tensor:
+    import torch
+
+    if bits == 8:
+        return packed
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    out = torch.empty((*packed.shape, per), dtype=torch.uint8)
+    torch.bitwise_and(packed, mask, out=out[..., 0])
+    for i in range(1, per):
+        if i == per - 1:  # the top codes need no mask
+            torch.bitwise_right_shift(packed, bits * i, out=out[..., i])
+        else:
+            torch.bitwise_and(torch.bitwise_right_shift(packed, bits * i), mask, out=out[..., i])
+    return out.view(*packed.shape[:-1], d)
+
+
+def _digest(tensors: Mapping[str, torch.Tensor]) -> str:
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in tensors.items():
+        h.update(name.encode() + b"\0")
+        data = t.contiguous().view(torch.uint8) if t.dtype != torch.uint8 else t.contiguous()
+        h.update(data.reshape(-1).numpy().tobytes())
+    return h.hexdigest()
