@@ -1,7 +1,7 @@
 """The server's encoding (``--encoding``) and its one encoding cache (``--no-cache``, ``--cache-bytes``,
 ``--cache-dir``): the settings, the cache every request shares, the per-request ``x-ragopt-cache-*`` headers and
-``/v1/compress`` fields, ``/stats`` and ``/metrics``; end to end with uvicorn, a recording upstream and the real
-embedded proxy model."""
+``/v1/compress`` fields (only with ``--expose-cache-hits``), ``/stats`` and ``/metrics``; end to end with uvicorn, a
+recording upstream and the real embedded proxy model. The store tiers and tenants: tests/test_server_cache_tiers.py."""
 
 from __future__ import annotations
 
@@ -134,14 +134,17 @@ def chat(url: str, docs: list[dict[str, Any]]) -> httpx.Response:
 
 @pytest.mark.model
 def test_requests_share_the_cache_and_report_their_hits(upstream: tuple[FakeUpstream, str], tmp_path: Path) -> None:
-    with serve_proxy(upstream[1], None, encoding="parallel", encoding_cache_dir=str(tmp_path)) as (url, state):
+    with serve_proxy(
+        upstream[1], None, encoding="parallel", encoding_cache_dir=str(tmp_path), expose_cache_hits=True
+    ) as (url, state):
         first, second = chat(url, DOCS), chat(url, DOCS)
         for r in (first, second):
             assert r.headers["x-ragopt-status"] == "optimized" and r.headers["x-ragopt-encoding"] == "parallel"
         assert (first.headers["x-ragopt-cache-hits"], first.headers["x-ragopt-cache-misses"]) == ("0", str(len(DOCS)))
         assert (second.headers["x-ragopt-cache-hits"], second.headers["x-ragopt-cache-misses"]) == (str(len(DOCS)), "0")
         # on disk: each block's states and its sentence ends' queries (the probe reads the cross-document reading),
-        # and the prefix
+        # and the prefix (written in the background: waited for)
+        assert state.cache.flush(60)
         assert len(list(tmp_path.glob("??/*.safetensors"))) == 2 * len(DOCS) + 1
 
         docs = [{"text": d["text"], "id": d["id"], "title": d["title"]} for d in DOCS]
@@ -169,6 +172,24 @@ def test_requests_share_the_cache_and_report_their_hits(upstream: tuple[FakeUpst
         assert metrics["ragopt_encoding_cache_entries"] == 2 * len(DOCS) + 1
         assert metrics["ragopt_encoding_cache_bytes"] == stats["encoding_cache"]["bytes"] > 0
         assert metrics["ragopt_encoding_cache_max_bytes"] == DEFAULT_CACHE_BYTES
+
+
+@pytest.mark.model
+def test_no_per_request_counters_unless_the_operator_exposes_them(upstream: tuple[FakeUpstream, str]) -> None:
+    """Hits and misses tell a client whether anyone sent a document recently: by default they are not sent, though
+    the cache serves hits (its own counters, /stats and /metrics, are the operator's)."""
+    with serve_proxy(upstream[1], None, encoding="parallel") as (url, state):
+        assert not state.settings.expose_cache_hits
+        first, second = chat(url, DOCS[:2]), chat(url, DOCS[:2])
+        for r in (first, second):
+            assert r.headers["x-ragopt-status"] == "optimized" and r.headers["x-ragopt-encoding"] == "parallel"
+            assert "x-ragopt-cache-hits" not in r.headers and "x-ragopt-cache-misses" not in r.headers
+        docs = [{"text": d["text"], "id": d["id"], "title": d["title"]} for d in DOCS[:2]]
+        out = httpx.post(f"{url}/v1/compress", json={"question": "Who?", "documents": docs}, timeout=None).json()
+        assert out["status"] == "optimized" and out["encoding"] == "parallel"
+        assert (out["cache_hits"], out["cache_misses"]) == (None, None)
+        assert state.cache.stats().memory_hits >= 2 * 2  # the second request and the compress one were hits
+        state.cache.close()
 
 
 @pytest.mark.model

@@ -1,7 +1,9 @@
 """``POST /v1/compress``: the compress-only sidecar. A gateway sends a question and its retrieved documents and
 gets the optimized documents back (kept text, kept spans as character offsets into the input, scores, tokens
-before and after, the tier that ran, timings, how the proxy model read the context and, under parallel encoding,
-the request's encoding cache hits and misses), then makes its own LLM call.
+before and after, the tier that ran, timings, how the proxy model read the context and, under parallel encoding
+with ``--expose-cache-hits``, the request's encoding cache hits and misses), then makes its own LLM call. The
+encoding cache is read in the request's tenant namespace (``--cache-namespace``:
+:func:`rag_opt.server.tenancy.request_namespace`).
 
 The request and response are the pydantic models below; their JSON schema is served at
 ``GET /v1/compress/schema`` and committed as ``docs/compress.schema.json`` (:func:`compress_schema`). The route
@@ -43,6 +45,7 @@ from rag_opt.server.pool import off_loop
 from rag_opt.server.request import decode_body, json_type
 from rag_opt.server.settings import BUDGET_FIELDS  # also accepted at the top level of a request
 from rag_opt.server.state import ProxyState
+from rag_opt.server.tenancy import request_namespace
 from rag_opt.text.language import check_language
 from rag_opt.types import Budget, OptimizeResult, OrderingName, Timings, check_ordering
 
@@ -239,10 +242,13 @@ class CompressResponse(BaseModel):
     )
     cache_hits: int | None = Field(
         default=None,
-        description="parallel encoding: document blocks whose encoding came from the encoding cache (null otherwise)",
+        description="parallel encoding: document blocks whose encoding came from the encoding cache (null otherwise, "
+        "and unless the server runs with --expose-cache-hits)",
     )
     cache_misses: int | None = Field(
-        default=None, description="parallel encoding: document blocks this request encoded (null otherwise)"
+        default=None,
+        description="parallel encoding: document blocks this request encoded (null otherwise, and unless the server "
+        "runs with --expose-cache-hits)",
     )
 
 
@@ -356,6 +362,7 @@ class Compressor:
             language=req.language,
             target=req.target,
             tier=req.tier,
+            namespace=request_namespace(s, request.headers),
         )
         if req.tier == "lexical" and not self.engine.lexical_available(job.ordering):
             why = self.engine.no_lexical_note(job.ordering) or "the lexical tier is off on this server"
@@ -410,7 +417,7 @@ class Compressor:
         reading: dict[str, Any] = {}
         if not lexical and result.tier == "model" and result.encoding is not None:
             reading["encoding"] = result.encoding
-            if result.encoding == "parallel":
+            if s.expose_cache_hits and result.encoding == "parallel":
                 reading.update(cache_hits=result.cache_hits, cache_misses=result.cache_misses)
         return CompressResponse(
             status=status,

@@ -20,6 +20,9 @@ The lexical tier has the same limits and the same time budget as the model, on a
 (:attr:`~rag_opt.server.state.ProxyState.lexical_pool`: a worker per core, ``--max-lexical-queue`` waiting): a
 job it does not admit or that runs out of budget fails open (``overload``, ``timeout``), or, when it asked for the
 lexical tier, raises :class:`~rag_opt.server.errors.Overloaded` under ``--on-overload reject``.
+
+A job carries its tenant's encoding cache namespace (:attr:`Job.namespace`, from ``--cache-namespace``): the
+model tier reads and writes the cache in it, and jobs of two namespaces never share a micro-batch.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from starlette.responses import Response
 
 from rag_opt.errors import WorkLimitExceeded
+from rag_opt.models.encoding_cache import cache_namespace
 from rag_opt.server.errors import BudgetExceeded, ErrorFormat, Overloaded, error_response
 from rag_opt.server.pool import off_loop, retry_after_s
 from rag_opt.server.state import ProxyState
@@ -53,7 +57,8 @@ TierChoice = Literal["auto", "model", "lexical"]
 class Job:
     """What to optimize and how. ``language`` / ``target`` None: the optimizer's own. ``tier``: ``auto`` (the
     proxy model, the lexical tier when the model cannot take it), ``model`` (never the lexical tier) or
-    ``lexical`` (the lexical tier only)."""
+    ``lexical`` (the lexical tier only). ``namespace``: the request's tenant in the encoding cache
+    (:func:`rag_opt.server.tenancy.request_namespace`; None: the common one)."""
 
     query: str
     documents: list[dict[str, Any]]
@@ -62,6 +67,7 @@ class Job:
     language: str | None = None
     target: str | None = None
     tier: TierChoice = "auto"
+    namespace: str | None = None
 
     def settings(self) -> dict[str, Any]:
         """The keyword arguments of ``optimize`` (per-request ``language`` / ``target`` only when given: an
@@ -263,18 +269,24 @@ class Engine:
         return bool(n > limit)
 
     async def _optimize(self, job: Job) -> OptimizeResult:
-        """Run the optimizer on the pool within the time budget (raises Overloaded / BudgetExceeded / its error)."""
+        """Run the optimizer on the pool within the time budget (raises Overloaded / BudgetExceeded / its error).
+
+        The encoding cache is read and written in the job's namespace (set in the worker thread that runs the
+        optimizer), and only jobs of one namespace share a micro-batch: a tenant's documents are never another's
+        cache hits."""
         state = self.state
         optimizer, limits, settings = state.optimizer, self._limits(), job.settings()
         budget_s = state.settings.time_budget_ms / 1e3
+        namespace = job.namespace
 
         def one() -> OptimizeResult:
-            with scope(limits=limits):
+            with cache_namespace(namespace), scope(limits=limits):
                 return optimizer.optimize(job.query, job.documents, **settings)
 
         def batch(items: list[tuple[str, list[dict[str, Any]]]]) -> list[OptimizeResult]:
-            """Several questions with the same settings as one ``optimize_batch`` call (one alone: ``optimize``)."""
-            with scope(limits=limits):
+            """Several questions with the same settings as one ``optimize_batch`` call (one alone: ``optimize``),
+            all of one namespace (it is part of the batch's key)."""
+            with cache_namespace(namespace), scope(limits=limits):
                 if len(items) == 1:
                     return [optimizer.optimize(items[0][0], items[0][1], **settings)]
                 run = optimizer.optimize_batch  # type: ignore[attr-defined]
@@ -284,7 +296,7 @@ class Engine:
         state.metrics.add_in_flight(1)
         try:
             if state.batching:
-                key = tuple(sorted(settings.items()))
+                key = (namespace or "", tuple(sorted(settings.items())))
                 return await state.pool.run_batched(key, (job.query, job.documents), batch, budget_s)
             return await state.pool.run(one, budget_s)
         finally:

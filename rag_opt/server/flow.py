@@ -13,9 +13,11 @@ route's error shape), and an overloaded pool with ``--on-overload reject`` (a 42
 happened is told by the ``x-ragopt-*`` response headers (:class:`Outcome`; ``x-ragopt-over-budget``: the tokens
 kept over the budget, when a unit too large for it was kept whole rather than empty a message) and counted in the
 metrics (the per-model totals of ``/stats`` by the request's model: :meth:`ContextFlow.model_of`). When the
-proxy model read the context, ``x-ragopt-encoding`` says how, and under parallel encoding ``x-ragopt-cache-hits``
-/ ``x-ragopt-cache-misses`` how many document blocks came from the encoding cache and how many this request
-encoded.
+proxy model read the context, ``x-ragopt-encoding`` says how, and under parallel encoding, when the operator
+turns them on (``--expose-cache-hits``: they tell a client whether anyone sent a document recently),
+``x-ragopt-cache-hits`` / ``x-ragopt-cache-misses`` how many document blocks came from the encoding cache and how
+many this request encoded. The encoding cache is read in the request's tenant namespace (``--cache-namespace``,
+:func:`rag_opt.server.tenancy.request_namespace`).
 
 Per-request options (budget, ordering, ``language``, placement) come from the ``x-ragopt-*`` headers and the
 ``rag_opt`` field on every route (:mod:`rag_opt.server.request`). A body sent with ``Content-Encoding: gzip`` or
@@ -35,11 +37,13 @@ from starlette.responses import Response
 from rag_opt.server.documents import ContextPlan
 from rag_opt.server.engine import MODEL_ORDERINGS, Attempt, Engine, Job, overloaded_response
 from rag_opt.server.errors import ErrorFormat, Overloaded, RequestError, error_response
+from rag_opt.server.paths import is_gemini_path
 from rag_opt.server.pool import off_loop
 from rag_opt.server.request import decode_body
 from rag_opt.server.security import body_for_log, body_log
 from rag_opt.server.settings import ProxySettings
 from rag_opt.server.state import ProxyState
+from rag_opt.server.tenancy import request_namespace
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.types import OptimizeResult
@@ -63,16 +67,19 @@ class Outcome:
     optimizer_ms: float = 0.0
     reason: str | None = None  # why it failed open, or why the lexical tier ran
     encoding: str | None = None  # how the proxy model read the context (the model tier only)
-    cache_hits: int | None = None  # parallel encoding: document blocks from the encoding cache / encoded now
+    # parallel encoding: document blocks from the encoding cache / encoded now (the proxy sets them only with
+    # --expose-cache-hits)
+    cache_hits: int | None = None
     cache_misses: int | None = None
     over_budget: int = 0  # tokens kept over the budget (a unit kept whole rather than empty the context)
 
-    def read_by_model(self, result: OptimizeResult) -> Outcome:
-        """Record how the proxy model read ``result``'s context: its encoding and, under parallel encoding, the
-        request's cache hits and misses (nothing when another tier scored or nothing was read)."""
+    def read_by_model(self, result: OptimizeResult, counters: bool = True) -> Outcome:
+        """Record how the proxy model read ``result``'s context: its encoding and, under parallel encoding with
+        ``counters``, the request's cache hits and misses (nothing when another tier scored or nothing was read;
+        the proxy passes ``--expose-cache-hits``)."""
         if result.tier == "model" and result.encoding is not None:
             self.encoding = result.encoding
-            if result.encoding == "parallel":
+            if counters and result.encoding == "parallel":
                 self.cache_hits, self.cache_misses = result.cache_hits, result.cache_misses
         return self
 
@@ -144,6 +151,12 @@ class ContextFlow:
         model = plan.body.get("model")
         return model if isinstance(model, str) else None
 
+    def namespace(self, request: Request) -> str | None:
+        """The request's encoding cache namespace (``--cache-namespace``; the ``key`` query parameter is a
+        credential on the Gemini API's paths)."""
+        query = request.scope.get("query_string", b"") if is_gemini_path(request.scope["path"]) else None
+        return request_namespace(self.state.settings, request.headers, query)
+
     def _refused(self, exc: RequestError) -> Response:
         """The answer to an invalid request (not forwarded), in the route's error shape."""
         self.state.metrics.outcome("rejected")
@@ -176,6 +189,7 @@ class ContextFlow:
             options.budget if options.budget is not None else s.budget,
             options.ordering or s.ordering,
             language=options.language,
+            namespace=self.namespace(request),
         )
         try:
             attempt = await self.engine.run(job)
@@ -200,7 +214,7 @@ class ContextFlow:
         status = "optimized_lexical" if lexical else "optimized"
         outcome = Outcome(status, result.tokens_before, result.tokens_after, ms, attempt.reason if lexical else None)
         outcome.over_budget = result.over_budget
-        return body, outcome if lexical else outcome.read_by_model(result)
+        return body, outcome if lexical else outcome.read_by_model(result, state.settings.expose_cache_hits)
 
     async def _unoptimized(self, plan: ContextPlan, attempt: Attempt) -> tuple[bytes, Outcome]:
         """The request to forward unoptimized (fail-open; counted by the engine) and its outcome."""

@@ -206,6 +206,13 @@ class ProxySettings(BaseModel):
         description="lifetime of a shared-tier (--cache-url) entry in seconds",
         json_schema_extra={"flag": "--cache-ttl", "metavar": "SECONDS"},
     )
+    encoding_cache_timeout_ms: float = Field(
+        default=50.0,
+        gt=0,
+        description="longest wait of a shared-tier (--cache-url) read, in ms: a slower store is a miss (the document "
+        "is encoded) and is skipped for a few seconds",
+        json_schema_extra={"flag": "--cache-timeout-ms", "metavar": "MS"},
+    )
     encoding_cache_format: str = Field(
         default=DEFAULT_FORMAT,
         description="how cached keys and values are stored (docs/operations.md gives each format's bytes per token "

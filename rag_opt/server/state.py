@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rag_opt.models.encoding_cache import EncodingCache
 from rag_opt.server.metrics import Metrics
-from rag_opt.server.pool import OptimizerPool
+from rag_opt.server.pool import OptimizerPool, off_loop
 from rag_opt.server.security import redact
 from rag_opt.server.settings import ProxySettings
 from rag_opt.server.targets import AllowedTargets
@@ -46,13 +46,23 @@ def build_encoding_cache(settings: ProxySettings) -> EncodingCache | None:
         return None
     if settings.encoding_cache_bytes == 0 and settings.encoding_cache_dir is None and not settings.encoding_cache_url:
         return None
+    shared = None
+    if settings.encoding_cache_url:
+        from rag_opt.models.cache_redis import RedisTier
+
+        timeout = settings.encoding_cache_timeout_ms / 1e3
+        shared = RedisTier(
+            settings.encoding_cache_url,
+            ttl=settings.encoding_cache_ttl,
+            timeout=timeout,
+            connect_timeout=max(timeout, 0.2),
+        )
     return EncodingCache(
         settings.encoding_cache_bytes,
         disk=settings.encoding_cache_dir,
         disk_bytes=settings.encoding_cache_disk_bytes,
-        shared=settings.encoding_cache_url,
+        shared=shared,
         format=settings.encoding_cache_format,
-        ttl=settings.encoding_cache_ttl,
     )
 
 
@@ -169,3 +179,6 @@ class ProxyState:
         self.pool.shutdown()
         if self._lexical_pool is not None:
             self._lexical_pool.shutdown()
+        if self.cache is not None:  # its store tiers' background writes: finished (with a bound), then released
+            cache = self.cache
+            await off_loop(1 << 20, cache.close)
