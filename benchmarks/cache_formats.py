@@ -5,7 +5,9 @@ Each question's documents are encoded once (bf16, the model's dtype, as today); 
 from those same states (quantized by the format) and the question is answered from it, warm. So the formats differ
 only in how the cached states were stored, and each is paired with bf16 on the same questions:
 
-    OMP_NUM_THREADS=1 python benchmarks/cache_formats.py --hotpot 600        # → benchmarks/results/cache_formats.json
+    OMP_NUM_THREADS=1 python benchmarks/cache_formats.py --hotpot 600 --nq 45     # → results/cache_formats.json
+    OMP_NUM_THREADS=1 python benchmarks/cache_formats.py --hotpot 0 --records 60 \
+        --out benchmarks/results/cache_formats_records.json
 
 HotpotQA dev (titles given as a field and not at all; ratios 1/3 and 1/5): supporting-fact recall and answer kept,
 per format, with the paired difference against bf16 and its 95 % bootstrap interval. ``--nq N``: the NQ
@@ -119,6 +121,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if log is not None and (qi + 1) % 25 == 0:
             log.write_text(json.dumps(_summary(formats, regimes, ratios, rows, sizes, tokens, warm, bare), indent=1))
     out = _summary(formats, regimes, ratios, rows, sizes, tokens, warm, bare)
+    if args.records:
+        out["records"] = run_records(args, sentinel, opt, formats)
     if args.nq:
         out["nq"] = run_nq(args, sentinel, opt, formats)
     return out
@@ -162,6 +166,43 @@ def run_nq(args: argparse.Namespace, sentinel: Any, opt: ContextOptimizer, forma
     return out
 
 
+def run_records(args: argparse.Namespace, sentinel: Any, opt: ContextOptimizer, formats: list[str]) -> dict[str, Any]:
+    """Lookups in a JSON list of 60 product records and in the same records as CSV ("How much does item k
+    cost?", a budget of less than one record; ``benchmarks/ablations/record_terms.py``): the asked record kept, per
+    format."""
+    import random
+    import sys
+
+    from tqdm.auto import tqdm
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "ablations"))
+    from record_terms import BUDGET, RECORDS, documents, kept_record
+
+    docs = documents()
+    ks = random.Random(0).sample(range(1, len(RECORDS) + 1), args.records)
+    kept: dict[str, dict[str, list[float]]] = {f: {shape: [] for shape in docs} for f in formats}
+    for shape, text in docs.items():
+        rec = RecordingCache()
+        sentinel.cache = rec
+        opt.optimize("How much does item 1 cost?", [text], target_tokens=BUDGET)
+        caches = {f: _filled(f, rec.raw)[0] for f in formats}
+        for k in tqdm(ks, desc=f"records ({shape})", mininterval=10):
+            for fmt in formats:
+                sentinel.cache = caches[fmt]
+                result = opt.optimize(f"How much does item {k} cost?", [text], target_tokens=BUDGET)
+                kept[fmt][shape].append(float(kept_record(result, text, shape, k)))
+    return {
+        f: {
+            shape: {
+                "record_kept": float(np.mean(v)),
+                "vs_bf16": paired_bootstrap(kept["bf16"][shape], v) if "bf16" in kept else None,
+            }
+            for shape, v in kept[f].items()
+        }
+        for f in formats
+    }
+
+
 def _summary(
     formats: list[str],
     regimes: list[str],
@@ -178,9 +219,7 @@ def _summary(
         entry: dict[str, Any] = {
             "bytes_per_token": sum(sizes[fmt][:n]) / max(1, sum(tokens[: len(sizes[fmt])])),
             "warm_ms_median": statistics.median(warm[fmt]) if warm[fmt] else None,
-            "warm_over_bare_forward": statistics.median(
-                [w / b for w, b in zip(warm[fmt], bare, strict=False) if b > 0]
-            )
+            "warm_over_bare_forward": statistics.median([w / b for w, b in zip(warm[fmt], bare, strict=False) if b > 0])
             if bare
             else None,
         }
@@ -210,9 +249,14 @@ def show(res: dict[str, Any]) -> None:
         cells = {k: v for k, v in e.items() if isinstance(v, dict)}
         parts = []
         for k, v in cells.items():
+            if v.get("sf_recall") is None:
+                continue
             d = v.get("sf_recall_vs_bf16", {}).get("diff")
             a = v.get("answer_retention_vs_bf16", {}).get("diff")
-            parts.append(f"{k}: {v['sf_recall']:.3f}/{v['answer_retention']:.3f}" + (f" ({d:+.4f}/{a:+.4f})" if d is not None else ""))
+            parts.append(
+                f"{k}: {v['sf_recall']:.3f}/{v['answer_retention']:.3f}"
+                + (f" ({d:+.4f}/{a:+.4f})" if d is not None else "")
+            )
         logger.info(
             "%-5s %7.0f B/token  warm %.0f ms (%.3fx bare)  %s",
             fmt,
@@ -223,6 +267,23 @@ def show(res: dict[str, Any]) -> None:
         )
 
 
+def _show_extra(res: dict[str, Any]) -> None:
+    for n, per in res.get("nq", {}).items():
+        for fmt, v in per.items():
+            vs = v.get("vs_bf16") or {}
+            logger.info(
+                "NQ %s docs %-5s R@1 %.3f R@3 %.3f answer kept %.3f  vs bf16: %s",
+                n,
+                fmt,
+                v["r1"],
+                v["r3"],
+                v["answer"],
+                " ".join(f"{m} {d['diff']:+.4f}" for m, d in vs.items() if d.get("diff") is not None),
+            )
+    for fmt, per in res.get("records", {}).items():
+        logger.info("records %-5s %s", fmt, "  ".join(f"{shape} {v['record_kept']:.3f}" for shape, v in per.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hotpot", type=int, default=600, help="HotpotQA dev questions")
@@ -231,6 +292,9 @@ def main() -> None:
     ap.add_argument("--ratios", default="1/3,1/5")
     ap.add_argument("--titles", default="field,none")
     ap.add_argument("--nq", type=int, default=0, help="also the NQ multi-document setting, N questions")
+    ap.add_argument(
+        "--records", type=int, default=0, help="also K structured-record lookups (JSON and CSV, at most 60)"
+    )
     ap.add_argument("--log", default=None, help="write the running summary here every 25 questions")
     ap.add_argument("--out", default=str(RESULTS / "cache_formats.json"))
     ap.add_argument("--report-only", action="store_true")
@@ -238,7 +302,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from common import run_or_report
 
-    run_or_report(Path(args.out), args.report_only, lambda: run(args), show)
+    run_or_report(Path(args.out), args.report_only, lambda: run(args), lambda r: (show(r), _show_extra(r)))
 
 
 if __name__ == "__main__":

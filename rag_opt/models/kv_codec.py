@@ -16,6 +16,7 @@ format     keys  values  source queries   bytes per document token (embedded mod
 ``bf16``   bf16  bf16    bf16             today's entries: the model's dtype, unchanged (not quantized)
 ``int8``   8     8       8
 ``k8v4``   8     4       8
+``k8v2``   8     2       8
 ``k4v4``   4     4       8
 ``k4v2``   4     2       8
 =========  ====  ======  ===============  ===============================================================
@@ -77,6 +78,7 @@ FORMATS: dict[str, KVFormat] = {
         KVFormat("bf16", 16, 16, 16),
         KVFormat("int8", 8, 8, 8),
         KVFormat("k8v4", 8, 4, 8),
+        KVFormat("k8v2", 8, 2, 8),
         KVFormat("k4v4", 4, 4, 8),
         KVFormat("k4v2", 4, 2, 8),
     )

@@ -216,7 +216,7 @@ class ProxySettings(BaseModel):
     encoding_cache_format: str = Field(
         default=DEFAULT_FORMAT,
         description="how cached keys and values are stored (docs/operations.md gives each format's bytes per token "
-        "and quality): bf16 (the model's dtype), int8, k8v4, k4v4 or k4v2 (keys/values bits)",
+        "and quality): bf16 (the model's dtype, unchanged), int8, or kNvM (keys in N bits, values in M)",
         json_schema_extra={"flag": "--cache-format", "choices": list(FORMATS)},
     )
     cache_namespace: str = Field(
