@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from rag_opt.models import question_buffer
 from rag_opt.models.capture import Capture, CaptureItem, StopForward, capturing
 from rag_opt.models.parallel import ParallelPrompt, context_positions
+from rag_opt.models.threads import QUESTION_PASS_THREADS
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -122,7 +123,7 @@ def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: 
     base = getattr(proxy.model, "model", None) or proxy.model.base_model
     with capturing(capture), torch.inference_mode():
         if dev == "cpu":
-            proxy.threads.apply()
+            proxy.threads.apply(cap=QUESTION_PASS_THREADS)
         try:
             base(input_ids=ids.to(dev), position_ids=positions.to(dev), attention_mask=mask.to(dev), use_cache=False)
         except StopForward:

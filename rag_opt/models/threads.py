@@ -11,6 +11,11 @@
   of scores that vary in their last digits with the machine's load.
 - a number: used as given.
 
+Whatever the policy, a question pass (~25 tokens reading cached states) runs on :data:`QUESTION_PASS_THREADS` thread
+under ``"auto"`` and ``"adaptive"``: its products are too small to share, and a second thread only adds its
+synchronisation (warm requests on the 2-core CI machine, 8 document sets, medians: 142-158 ms on one thread against
+392-448 ms on two while other processes ran; 78 against 135-167 ms on a quiet machine, issue 51's profile).
+
 The policy is per loaded model, hence per process (torch's thread count is process-wide; forward passes of one
 model are serialised anyway).
 """
@@ -22,7 +27,9 @@ from dataclasses import dataclass
 
 from rag_opt.errors import InvalidInputError
 
-__all__ = ["ThreadPolicy", "available_cores", "runnable_others"]
+__all__ = ["QUESTION_PASS_THREADS", "ThreadPolicy", "available_cores", "runnable_others"]
+
+QUESTION_PASS_THREADS = 1
 
 
 def available_cores() -> int:
@@ -76,11 +83,15 @@ class ThreadPolicy:
             return share
         return max(1, min(share, available_cores() - others))
 
-    def apply(self) -> int:
-        """Set torch's intra-op threads for the next forward pass (only when it changes); returns the count."""
+    def apply(self, cap: int | None = None) -> int:
+        """Set torch's intra-op threads for the next forward pass (only when it changes); returns the count.
+        ``cap``: at most that many under ``"auto"`` and ``"adaptive"`` (a small pass, such as a question pass, runs
+        faster on one thread than on several; a count given explicitly is used as given)."""
         import torch
 
         n = self.choose()
+        if cap is not None and not isinstance(self.threads, int):
+            n = min(n, cap)
         if torch.get_num_threads() != n:
             torch.set_num_threads(n)
         return n
