@@ -18,6 +18,7 @@ Prose is split by the offline ``sentencex`` library; this module adds the struct
 from __future__ import annotations
 
 import csv
+import functools
 import logging
 import re
 from collections.abc import Sequence
@@ -413,9 +414,28 @@ def segment(text: str, language: str = "en") -> list[Segment]:
     gives ``[]``.
 
     ``language`` is an ISO 639 code passed to ``sentencex`` (unknown codes fall back to its defaults).
+
+    A document seen recently is not segmented again (:data:`SEGMENT_MEMO` texts of at most
+    :data:`SEGMENT_MEMO_CHARS` characters are remembered): a retrieved document comes back with other questions, and
+    its segmentation depends on nothing but its text and language.
     """
     if not text:
         return []
+    if len(text) <= SEGMENT_MEMO_CHARS:
+        return list(_segment_memo(text, language))
+    return _segment(text, language)
+
+
+SEGMENT_MEMO = 4096  # documents whose segmentation is remembered
+SEGMENT_MEMO_CHARS = 8192  # only texts this short (the memo holds at most ~32 MiB of text)
+
+
+@functools.lru_cache(maxsize=SEGMENT_MEMO)
+def _segment_memo(text: str, language: str) -> tuple[Segment, ...]:
+    return tuple(_segment(text, language))
+
+
+def _segment(text: str, language: str) -> list[Segment]:
     starts: list[tuple[int, SegmentKind]] = []
     for block in _blocks(text):
         whole = _WHOLE_BLOCK_KINDS.get(block.kind)
