@@ -288,6 +288,14 @@ def test_resolve_cache_options(tmp_path):
     assert resolve_cache(str(tmp_path)).disk == tmp_path
     c = EncodingCache(10)
     assert resolve_cache(c) is c
+    pytest.importorskip("redis")
+    from rag_opt.models.cache_redis import RedisTier
+
+    for url in ("redis://127.0.0.1:1/0", "valkey://127.0.0.1:1", "unix:///tmp/nowhere.sock"):
+        shared = resolve_cache(url)
+        assert isinstance(shared.shared_tier, RedisTier) and shared.disk_tier is None, url
+        assert shared.get("k") is None  # nothing listens there: a miss, never an error
+        shared.close()
     with pytest.raises(InvalidInputError, match="max_bytes"):
         EncodingCache(-1)
     with pytest.raises(InvalidInputError, match="cache must be"):
