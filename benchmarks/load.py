@@ -29,6 +29,22 @@ the bounded queue): that is the intended behaviour, and the counts are reported.
 
 Needs the ``server`` extra (uvicorn, httpx) and psutil (``bench`` extra).
 
+**N replicas on Ray Serve** (``--ray-replicas N``, docs/scaling.md): instead of the above, ``rag-opt serve-ray``
+(a local Ray of N CPUs, or ``--ray-address``) with N replicas under parallel encoding, sharing a redis-server of
+the benchmark's own (or ``--cache-url``), loaded with ``/v1/compress`` requests over ``--doc-sets`` HotpotQA
+document sets (its dev set from ../shared/data, or ``$RAG_OPT_DATA_DIR``): every set is read once (the warm-up),
+then ``--clients`` clients draw a set and a question at random for ``--seconds``, over cached documents. Run for
+``--routing documents``, ``random`` or ``both`` (each on new replicas and an emptied Redis), it reports errors,
+p50/p99 latency, the share of answers the model tier scored, the requests each replica served, and each replica's
+encoding cache over the load (from its ``/stats``, reached with ``x-ragopt-routing-key``): lookups, memory-tier
+hits and hit rate, shared-tier hits, misses, evictions. The memory tiers tell the routings apart when the sets
+outgrow one replica's memory tier (``--serve-args "--cache-bytes ..."``) but fit in all of them together::
+
+    OMP_NUM_THREADS=1 python benchmarks/load.py --ray-replicas 2 --clients 64 --seconds 60 --doc-sets 64 \\
+        --serve-args "--cache-bytes 900000000"      # → benchmarks/results/load_ray.json
+
+(A HotpotQA set is ~18 MiB of encodings in bf16: 64 sets outgrow one 858 MB memory tier, their half fits.)
+
 Reported: requests served, errors, corrupted responses, p50/p99 latency by request kind (direct vs proxy, the
 difference = latency added by the proxy, and their ratio), optimized vs fail-open counts and latencies, the
 proxy's metrics, and the proxy process's peak RSS (VmHWM). Targets: 0 errors and 0 corrupted responses; the
@@ -653,6 +669,307 @@ def print_report(res: dict[str, Any]) -> None:
     print("targets: " + ", ".join(f"{k}: {'PASS' if v else 'FAIL'}" for k, v in res["targets"].items()))
 
 
+# -- N replicas on Ray Serve (--ray-replicas) --------------------------------------------------------------------
+@dataclass
+class RayRecord:
+    latency_s: float
+    ok: bool
+    status: str = ""  # the compress answer's status (optimized, optimized_lexical, fail_open, ...)
+    tier: str = ""  # the tier that scored: model, lexical, none
+    replica: str = ""  # x-ragopt-replica
+    doc_set: int = -1
+    error: str = ""
+
+
+class RedisProc:
+    """A redis-server of the benchmark's own on 127.0.0.1 (nothing saved), emptied between routings."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 15
+        while self.command(b"PING") != b"+PONG":
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def command(self, cmd: bytes) -> bytes:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sock:
+                sock.sendall(cmd + b"\r\n")
+                return sock.recv(256).strip()
+        except OSError:
+            return b""
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def hotpot_sets(n: int) -> list[dict[str, Any]]:
+    """The first ``n`` HotpotQA dev examples as document sets: {"question", "documents"} (10 paragraphs each)."""
+    import gzip
+
+    data = Path(os.environ.get("RAG_OPT_DATA_DIR") or ROOT.parent / "shared" / "data") / "hotpotqa" / "dev.jsonl.gz"
+    if not data.exists():
+        raise SystemExit(f"--ray-replicas needs the HotpotQA dev set at {data} (or set RAG_OPT_DATA_DIR)")
+    out = []
+    with gzip.open(data, "rt") as fh:
+        for line in fh:
+            ex = json.loads(line)
+            docs = [{"id": t, "title": t, "text": "".join(sents)} for t, sents in ex["context"]]
+            out.append({"question": ex["question"], "documents": docs})
+            if len(out) >= n:
+                break
+    return out
+
+
+RAY_QUESTIONS = ("Who is mentioned first?", "Which of these is the oldest?", "Where did it happen?")
+
+
+async def compress_one(
+    client: httpx.AsyncClient, base: str, sets: list[dict[str, Any]], i: int, question: str, ratio: float
+) -> RayRecord:
+    body = {"question": question, "documents": sets[i]["documents"], "ratio": ratio}
+    t0 = time.perf_counter()
+    try:
+        r = await client.post(f"{base}/v1/compress", json=body)
+        latency = time.perf_counter() - t0
+    except httpx.HTTPError as exc:
+        return RayRecord(time.perf_counter() - t0, False, doc_set=i, error=f"{type(exc).__name__}: {exc}"[:120])
+    rec = RayRecord(latency, r.status_code == 200, replica=r.headers.get("x-ragopt-replica", ""), doc_set=i)
+    if r.status_code != 200:
+        rec.error = f"HTTP {r.status_code}"
+        return rec
+    out = r.json()
+    rec.status, rec.tier = out.get("status", ""), out.get("tier", "")
+    return rec
+
+
+async def replica_ids(client: httpx.AsyncClient, base: str, n: int) -> list[str]:
+    """The ``n`` replicas' ids, learnt from the answers to /stats under routing keys of our own (no model run)."""
+    seen: set[str] = set()
+    for i in range(50 * n):
+        r = await client.get(f"{base}/stats", headers={"x-ragopt-routing-key": f"probe-{i}"})
+        seen.add(r.headers.get("x-ragopt-replica", ""))
+        if len(seen - {""}) >= n:
+            break
+    return sorted(seen - {""})
+
+
+async def replica_stats(client: httpx.AsyncClient, base: str, replicas: list[str]) -> dict[str, dict[str, Any]]:
+    """Each replica's /stats, reached through a routing key it serves (rendezvous hashing, as the router ranks)."""
+    from rag_opt.server.ray_serve.keys import rank_replicas
+
+    out: dict[str, dict[str, Any]] = {}
+    for replica in replicas:
+        key = next(k for k in (f"probe-{i}" for i in range(10_000)) if rank_replicas(k, replicas)[0] == replica)
+        r = await client.get(f"{base}/stats", headers={"x-ragopt-routing-key": key})
+        assert r.headers.get("x-ragopt-replica") == replica, "a replica changed: rerun"
+        out[replica] = r.json()
+    return out
+
+
+def cache_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """One replica's encoding cache over the load: lookups, hits by tier, the memory tier's hit rate, its size."""
+    b, a = before.get("encoding_cache") or {}, after.get("encoding_cache") or {}
+    d = {k: a.get(k, 0) - b.get(k, 0) for k in ("hits", "misses", "memory_hits", "shared_hits", "evictions")}
+    lookups = d["hits"] + d["misses"]
+    d["lookups"] = lookups
+    d["memory_hit_rate"] = d["memory_hits"] / lookups if lookups else None
+    d["shared_hit_rate"] = d["shared_hits"] / lookups if lookups else None
+    d["memory_bytes"], d["memory_max_bytes"] = a.get("bytes"), a.get("max_bytes")
+    return d
+
+
+async def ray_phase(args: argparse.Namespace, routing: str, up_url: str, cache_url: str) -> dict[str, Any]:
+    """One routing: ``rag-opt serve-ray`` started, every document set read once (warm), then ``--clients`` clients
+    over the cached sets for ``--seconds``; the replicas' caches read before and after the load."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = tempfile.NamedTemporaryFile(prefix=f"rag-opt-load-ray-{routing}-", suffix=".log", delete=False)  # noqa: SIM115
+    print(f"serve-ray ({routing} routing) log: {log.name}", file=sys.stderr)
+    cmd = [sys.executable, "-m", "rag_opt.cli", "serve-ray", "--replicas", str(args.ray_replicas)]
+    cmd += ["--routing", routing, "--upstream", f"{up_url}/v1", "--port", str(port), "--encoding", "parallel"]
+    cmd += ["--cache-url", cache_url, "--cpus-per-replica", str(args.cpus_per_replica)]
+    cmd += ["--ray-address", args.ray_address] if args.ray_address else ["--num-cpus", str(args.ray_num_cpus)]
+    cmd += ["--max-concurrency", str(args.max_concurrency), "--time-budget-ms", str(args.time_budget_ms)]
+    cmd += ["--optimizer-nice", str(args.optimizer_nice)]
+    if args.max_queue is not None:
+        cmd += ["--max-queue", str(args.max_queue)]
+    cmd += shlex.split(args.serve_args)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    sets = hotpot_sets(args.doc_sets)
+    rnd = random.Random(args.seed)
+    try:
+        t = time.perf_counter()
+        wait_http(f"{base}/readyz", proc, 900, lambda r: r.status_code == 200)
+        startup_s = time.perf_counter() - t
+        limits = httpx.Limits(max_connections=args.clients + 8, max_keepalive_connections=args.clients + 8)
+        async with httpx.AsyncClient(limits=limits, timeout=300) as client:
+            replicas = await replica_ids(client, base, args.ray_replicas)
+            print(f"{routing}: {len(replicas)} replicas up in {startup_s:.1f} s: {replicas}", file=sys.stderr)
+            # warm: every set read once (its documents encoded, kept in Redis and in the reading replica's memory)
+            sem = asyncio.Semaphore(args.warm_concurrency)
+
+            async def warm(i: int) -> RayRecord:
+                async with sem:
+                    return await compress_one(client, base, sets, i, sets[i]["question"], args.ratio)
+
+            t = time.perf_counter()
+            warmed = await asyncio.gather(*(warm(i) for i in range(len(sets))))
+            warm_s = time.perf_counter() - t
+            print(f"{routing}: {len(sets)} document sets read in {warm_s:.1f} s; load...", file=sys.stderr)
+            before = await replica_stats(client, base, replicas)
+            records: list[RayRecord] = []
+            deadline = time.monotonic() + args.seconds
+            t0 = time.monotonic()
+
+            async def worker() -> None:
+                while time.monotonic() < deadline:
+                    i = rnd.randrange(len(sets))
+                    q = rnd.choice((sets[i]["question"], *RAY_QUESTIONS))
+                    records.append(await compress_one(client, base, sets, i, q, args.ratio))
+
+            await asyncio.gather(*(worker() for _ in range(args.clients)))
+            seconds = time.monotonic() - t0
+            after = await replica_stats(client, base, replicas)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+    ok = [r for r in records if r.ok]
+    lat = [r.latency_s * 1e3 for r in ok]
+    tiers = Counter(r.tier or "none" for r in ok)
+    by_set: dict[int, set[str]] = defaultdict(set)
+    for r in ok:
+        by_set[r.doc_set].add(r.replica)
+    caches = {rid: cache_delta(before[rid], after[rid]) for rid in replicas}
+    lookups = sum(c["lookups"] for c in caches.values())
+    return {
+        "routing": routing,
+        "startup_s": startup_s,
+        "warm": {"seconds": warm_s, "errors": sum(not r.ok for r in warmed)},
+        "requests": len(records),
+        "seconds": seconds,
+        "throughput_rps": len(records) / seconds if seconds else None,
+        "errors": len(records) - len(ok),
+        "error_kinds": dict(Counter(r.error for r in records if r.error)),
+        "p50_ms": pct(lat, 0.5),
+        "p99_ms": pct(lat, 0.99),
+        "statuses": dict(Counter(r.status for r in ok)),
+        "tiers": dict(tiers),
+        "model_tier_share": tiers["model"] / len(ok) if ok else None,
+        "served_by_replica": dict(Counter(r.replica for r in ok)),
+        "sets_on_one_replica": sum(len(v) == 1 for v in by_set.values()) / len(by_set) if by_set else None,
+        "replica_caches": caches,
+        "memory_hit_rate": sum(c["memory_hits"] for c in caches.values()) / lookups if lookups else None,
+        "shared_hit_rate": sum(c["shared_hits"] for c in caches.values()) / lookups if lookups else None,
+    }
+
+
+async def run_ray(args: argparse.Namespace) -> dict[str, Any]:
+    """The load over cached documents against ``--ray-replicas`` replicas on Ray Serve, for each routing."""
+    up_port = free_port()
+    up_url = f"http://127.0.0.1:{up_port}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    up_proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve-upstream", str(up_port)], env=env, start_new_session=True
+    )
+    redis = RedisProc() if args.cache_url is None else None
+    cache_url = args.cache_url or (redis.url if redis else "")
+    phases: dict[str, Any] = {}
+    try:
+        wait_http(f"{up_url}/v1/models", up_proc, 60, lambda r: r.status_code in (200, 400, 404))
+        for routing in ("documents", "random") if args.routing == "both" else (args.routing,):
+            if redis is not None:
+                redis.command(b"FLUSHALL")  # each routing starts from an empty shared tier (and new replicas)
+            phases[routing] = await ray_phase(args, routing, up_url, cache_url)
+    finally:
+        if redis is not None:
+            redis.stop()
+        up_proc.send_signal(signal.SIGINT)
+        try:
+            up_proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            up_proc.kill()
+    return {
+        "config": {
+            "replicas": args.ray_replicas,
+            "clients": args.clients,
+            "seconds": args.seconds,
+            "doc_sets": args.doc_sets,
+            "ratio": args.ratio,
+            "cpus_per_replica": args.cpus_per_replica,
+            "ray": args.ray_address or f"local, {args.ray_num_cpus} CPUs",
+            "cache_url": "own redis-server" if redis is not None else "--cache-url",
+            "serve_args": args.serve_args,
+            "max_concurrency": args.max_concurrency,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "platform": platform.platform(),
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            },
+        },
+        "routings": phases,
+    }
+
+
+def print_ray_report(res: dict[str, Any]) -> None:
+    c = res["config"]
+    print(
+        f"\nrag-opt on Ray Serve: {c['replicas']} replicas ({c['ray']}, {c['cpus_per_replica']:g} CPU each), "
+        f"{c['clients']} clients x {c['seconds']:.0f} s of /v1/compress over {c['doc_sets']} cached HotpotQA "
+        f"document sets (ratio {c['ratio']}), shared tier: {c['cache_url']}"
+    )
+    for routing, r in res["routings"].items():
+        print(
+            f"\n{routing} routing: {r['requests']} requests ({fmt(r['throughput_rps'])} req/s), errors {r['errors']} "
+            f"{r['error_kinds'] or ''}, p50 {fmt(r['p50_ms'])} ms, p99 {fmt(r['p99_ms'])} ms; model tier "
+            f"{fmt((r['model_tier_share'] or 0) * 100)} % of answers (tiers {r['tiers']}, statuses {r['statuses']})"
+        )
+        print(
+            f"  served by replica {r['served_by_replica']}; document sets served by one replica only: "
+            f"{fmt((r['sets_on_one_replica'] or 0) * 100)} %; started in {r['startup_s']:.1f} s, warm-up "
+            f"{r['warm']['seconds']:.1f} s ({r['warm']['errors']} errors)"
+        )
+        print("  replica    lookups  memory hits  hit rate  shared hits  misses  evictions  memory MiB (of)")
+        for rid, cache in r["replica_caches"].items():
+            mib = (cache["memory_bytes"] or 0) / 2**20
+            cap = (cache["memory_max_bytes"] or 0) / 2**20
+            print(
+                f"  {rid:<10} {cache['lookups']:>7}  {cache['memory_hits']:>11}  "
+                f"{fmt((cache['memory_hit_rate'] or 0) * 100):>7} %  {cache['shared_hits']:>11}  "
+                f"{cache['misses']:>6}  {cache['evictions']:>9}  {mib:.0f} ({cap:.0f})"
+            )
+        print(
+            f"  all replicas: memory tier hit rate {fmt((r['memory_hit_rate'] or 0) * 100)} %, shared tier "
+            f"{fmt((r['shared_hit_rate'] or 0) * 100)} %"
+        )
+    rs = res["routings"]
+    if "documents" in rs and "random" in rs:
+        d, x = rs["documents"]["memory_hit_rate"], rs["random"]["memory_hit_rate"]
+        print(f"\nmemory tier hit rate: document routing {fmt((d or 0) * 100)} %, random {fmt((x or 0) * 100)} %")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=20.0, help="load duration per side (direct, proxy)")
@@ -676,16 +993,36 @@ def main() -> None:
     p.add_argument(
         "--serve-args", default="", help="more rag-opt serve flags, e.g. '--no-lexical-tier --batch-wait-ms 0'"
     )
-    p.add_argument("--out", default=str(RESULTS / "load.json"))
+    p.add_argument("--out", default=None, help="results JSON (default: results/load.json, load_ray.json on Ray)")
+    ray = p.add_argument_group("N replicas on Ray Serve (rag-opt serve-ray; needs the ray extra and HotpotQA)")
+    ray.add_argument("--ray-replicas", type=int, default=0, help="run on Ray Serve with this many replicas instead")
+    ray.add_argument(
+        "--routing",
+        choices=["documents", "random", "both"],
+        default="both",
+        help="Ray: the routing to load (both: document routing, then random routing, compared)",
+    )
+    ray.add_argument("--doc-sets", type=int, default=64, help="Ray: HotpotQA document sets the clients draw from")
+    ray.add_argument("--warm-concurrency", type=int, default=4, help="Ray: requests at once reading every set once")
+    ray.add_argument("--cache-url", default=None, help="Ray: the shared tier (default: a redis-server of our own)")
+    ray.add_argument("--ray-address", default=None, help="Ray: a running cluster (default: a local Ray)")
+    ray.add_argument("--ray-num-cpus", type=int, default=None, help="Ray: CPUs of the local Ray (default: replicas)")
+    ray.add_argument("--cpus-per-replica", type=float, default=1.0, help="Ray: CPUs reserved per replica")
     p.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_upstream is not None:
         serve_upstream(args.serve_upstream)
         return
-    results = asyncio.run(run(args))
-    print_report(results)
-    Path(args.out).write_text(json.dumps(results, indent=2, default=str) + "\n")
-    print(f"wrote {args.out}")
+    if args.ray_replicas:
+        args.ray_num_cpus = args.ray_num_cpus or max(1, round(args.ray_replicas * args.cpus_per_replica))
+        results = asyncio.run(run_ray(args))
+        print_ray_report(results)
+    else:
+        results = asyncio.run(run(args))
+        print_report(results)
+    out = args.out or str(RESULTS / ("load_ray.json" if args.ray_replicas else "load.json"))
+    Path(out).write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -224,6 +224,8 @@ def _text_column(column: Any, name: str, errors: list[str | None]) -> Any:
 def _check_manifest(out: Path, manifest: dict[str, Any]) -> None:
     """Write the run's manifest, or check that an earlier run's parts were made the same way."""
     path = out / MANIFEST
+    # compared as JSON reads it back (a tuple of title keys is a list there): an identical rerun resumes
+    manifest = json.loads(json.dumps(manifest, default=str))
     if path.is_file():
         earlier = json.loads(path.read_text(encoding="utf-8"))
         differs = sorted(k for k in ("rows", "rows_per_part", "settings") if earlier.get(k) != manifest.get(k))

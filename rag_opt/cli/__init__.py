@@ -21,7 +21,7 @@ __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rag_opt.cli import batch, cache, index, mcp, models, optimize, serve, training
+    from rag_opt.cli import batch, cache, index, mcp, models, optimize, serve, serve_ray, training
 
     parser = argparse.ArgumentParser(
         prog="rag-opt",
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (optimize, models, training, serve, mcp, batch, index, cache):
+    for module in (optimize, models, training, serve, serve_ray, mcp, batch, index, cache):
         module.register(sub)
     return parser
 

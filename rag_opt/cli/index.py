@@ -392,7 +392,7 @@ def _run_on_ray(
         ray.init(address=ray_address, include_dashboard=False, log_to_driver=True)
     try:
         ds: Any = ray.data.from_items(items)
-        ds = ds.mapbatches(
+        ds = ds.map_batches(
             RayIndexer,
             fn_constructor_kwargs={"cache_dir": str(Path(cache_dir).resolve()), **options},
             batch_size=batch,
@@ -400,7 +400,7 @@ def _run_on_ray(
             compute=ray.data.ActorPoolStrategy(size=actors),
             num_cpus=cpus_per_actor,
         )
-        for out in ds.iterbatches(batch_size=None, batch_format="numpy"):
+        for out in ds.iter_batches(batch_size=None, batch_format="numpy"):
             tally(
                 [
                     RowResult(int(n), str(s), str(e) or None, int(b))  # type: ignore[arg-type]

@@ -97,6 +97,8 @@ class RagOptReplica:
         from rag_opt.server.app import create_app
 
         tune_native_memory()  # a long-running process: keep native memory flat (before the model loads)
+        # this actor's process is the replica's own: its log lines go to stderr (Ray's log folder), as rag-opt serve's
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
         logging.getLogger("rag_opt").setLevel(min(logging.getLogger("rag_opt").getEffectiveLevel(), logging.INFO))
         context = serve.get_replica_context()
         self.replica_id: str = context.replica_id.unique_id
@@ -129,7 +131,10 @@ class RagOptReplica:
             raise RuntimeError("the rag-opt app of this replica has stopped")
 
     async def __del__(self) -> None:
-        await self._lifespan.shutdown()
+        """Serve's graceful shutdown (after the replica's last request): the app stops (pools, caches flushed)."""
+        lifespan = getattr(self, "_lifespan", None)  # (None: the constructor failed before it started the app)
+        if lifespan is not None:
+            await lifespan.shutdown()
 
 
 class _Relayed(Response):
