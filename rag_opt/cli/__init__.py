@@ -1,5 +1,5 @@
-"""The ``rag-opt`` command line: optimize, explain, models, serve, mcp, batch, index, cache, calibrate, train-probe,
-train-doc-probe.
+"""The ``rag-opt`` command line: optimize, explain, models, serve, serve-ray, mcp, batch, index, cache, calibrate,
+train-probe, train-doc-probe.
 
 Errors rag-opt raises on purpose (:class:`~rag_opt.errors.RagOptError`: bad files, bad settings, a missing
 model) and the OS and JSON errors expected from user files exit with status 2 (1 for a model that cannot
