@@ -20,7 +20,7 @@ import numpy as np
 from rag_opt.models.document_pass import encode_blocks, encode_blocks_with_sources
 from rag_opt.models.encoding_cache import EncodingCache, encoding_key, sources_kind
 from rag_opt.models.extract import AttentionFeatures
-from rag_opt.models.kv_codec import EncodedStates, encode_states
+from rag_opt.models.kv_codec import DEFAULT_FORMAT, EncodedStates, encode_states
 from rag_opt.models.parallel import Block, ParallelPrompt, parallel_prompt
 from rag_opt.models.parallel_cross import cross_reads
 from rag_opt.models.prompt import PARALLEL_TEMPLATE_ID, VIEWS
@@ -117,7 +117,7 @@ def extract_parallel(
     if prefix_states is None:  # every block was cached, the prefix was not: its own pass
         _, (pre_alone,) = encode_blocks(proxy, [], [prefix], layers, batch_tokens=batch_tokens)
         prefix_states = _stored(cache, prefix_key, pre_alone)
-    fmt = cache.format.name if cache is not None else "bf16"
+    fmt = cache.format.name if cache is not None else DEFAULT_FORMAT
     rows = [QuestionPass(p, [prefix_states, *(states[k] for k in keys[c])]) for c, p in enumerate(prompts)]
     out: list[AttentionFeatures | None] = [None] * len(rows)
     order = sorted(range(len(rows)), key=lambda i: rows[i].length)
@@ -181,8 +181,9 @@ CROSS_READS = _CrossReads(256)  # a reading of 50 sentences at 16 layers is ~30 
 
 
 def _stored(cache: EncodingCache | None, key: str, value: torch.Tensor) -> EncodedStates:
-    """``value`` kept in ``cache`` under ``key`` and read back as stored, or, with no cache, as it is."""
-    return cache.put(key, value) if cache is not None else encode_states(value, "bf16")
+    """``value`` kept in ``cache`` under ``key`` and read back as stored, or, with no cache, as the default format
+    stores it (so a result does not depend on whether a cache was given)."""
+    return cache.put(key, value) if cache is not None else encode_states(value, DEFAULT_FORMAT)
 
 
 def block_limit(proxy: ProxyModel, max_tokens: int) -> int:
