@@ -284,6 +284,26 @@ def _show_extra(res: dict[str, Any]) -> None:
         logger.info("records %-5s %s", fmt, "  ".join(f"{shape} {v['record_kept']:.3f}" for shape, v in per.items()))
 
 
+def markdown(res: dict[str, Any]) -> str:
+    """The formats as a markdown table (docs/operations.md): bytes per token, warm latency against a bare forward,
+    and each HotpotQA cell's facts / answers kept with the paired difference against bf16."""
+    fmts = res["formats"]
+    cells = [k for k, v in next(iter(fmts.values())).items() if isinstance(v, dict)]
+    head = ["format", "bytes / doc token", "warm (× bare fwd)", *[f"{c}: facts / answers" for c in cells]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for fmt, e in fmts.items():
+        row = [f"`{fmt}`", f"{e['bytes_per_token']:,.0f}", f"{e['warm_over_bare_forward']:.3f}"]
+        for c in cells:
+            v = e[c]
+            text = f"{v['sf_recall']:.3f} / {v['answer_retention']:.3f}"
+            d, a = v.get("sf_recall_vs_bf16", {}).get("diff"), v.get("answer_retention_vs_bf16", {}).get("diff")
+            if d is not None and a is not None:
+                text += f" ({d:+.4f} / {a:+.4f})"
+            row.append(text)
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hotpot", type=int, default=600, help="HotpotQA dev questions")
@@ -298,8 +318,12 @@ def main() -> None:
     ap.add_argument("--log", default=None, help="write the running summary here every 25 questions")
     ap.add_argument("--out", default=str(RESULTS / "cache_formats.json"))
     ap.add_argument("--report-only", action="store_true")
+    ap.add_argument("--markdown", action="store_true", help="with --report-only: print the docs' markdown table")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.markdown:
+        logger.info("%s", markdown(json.loads(Path(args.out).read_text())))
+        return
     from common import run_or_report
 
     run_or_report(Path(args.out), args.report_only, lambda: run(args), lambda r: (show(r), _show_extra(r)))
