@@ -732,7 +732,8 @@ def test_duplicate_keys_the_proxy_does_not_read_are_forwarded_as_sent(upstream):
     assert fake.last().body == body
 
 
-def test_a_lone_surrogate_document_is_passed_through_and_the_others_optimized(upstream):
+def test_a_lone_surrogate_document_is_a_400_naming_it_as_on_compress(upstream):
+    # one rule on every route (issue 52): a text rag-opt reads that is not Unicode text is refused, never guessed
     fake = upstream[0]
     bad = "Broken \\ud800 text. It has a lone surrogate."  # a JSON escape: the document holds U+D800 alone
     before = json.dumps(f'{blocks(DOCS[:2])}\n<document id="bad">')[:-1]
@@ -740,12 +741,15 @@ def test_a_lone_surrogate_document_is_passed_through_and_the_others_optimized(up
     body = b'{"model":"m","messages":[{"role":"user","content":' + (before + bad + after).encode() + b"}]}"
     spy = Spy()
     with serve_proxy(upstream[1], spy, ratio=0.3) as (url, _):
+        n = len(fake.requests)
         r = post(url, body)
-        assert r.status_code == 200 and r.headers["x-ragopt-status"] == "optimized", r.headers
-    assert [d.get("id") for d in spy.calls[0][1]] == [d["id"] for d in DOCS[:4]]
-    got = fake.last().json()["messages"][0]["content"]
-    assert '<document id="bad">Broken \ud800 text. It has a lone surrogate.</document>' in got
-    assert len(got) < len(json.loads(body)["messages"][0]["content"])
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["code"] == "lone_surrogate" and err["param"] == "messages[0].content"
+        compress = b'{"question": "q?", "documents": ["' + bad.encode() + b'"]}'
+        r = post(url, compress, "/v1/compress")
+        assert r.status_code == 400 and r.json()["error"]["code"] == "lone_surrogate", r.text
+    assert spy.calls == [] and len(fake.requests) == n
 
 
 @pytest.mark.parametrize(

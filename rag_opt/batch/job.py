@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import re
+import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -114,34 +115,54 @@ def jsonl_columns(path: str | Path) -> dict[str, list[Any]]:
     """The rows of a JSONL file as columns (``row``, ``id``, ``question``, ``documents`` as JSON text, ``error``).
 
     A line that cannot be a row becomes a row with its ``error`` set (``line N: why``) and the job goes on: not
-    UTF-8 text, not valid JSON, not an object, a lone UTF-16 surrogate (a ``\\ud800``-style escape without its
-    pair: not Unicode text, so it cannot be optimized or written to Parquet), no string ``question`` or no
-    ``documents``.
+    UTF-8 text, not valid JSON (a number too long to read, nesting too deep included), not an object, a lone
+    UTF-16 surrogate (a ``\\ud800``-style escape without its pair: not Unicode text, so it cannot be optimized
+    or written to Parquet), no string ``question`` or no ``documents`` (:func:`jsonl_row`).
     """
     cols: dict[str, list[Any]] = {"row": [], "id": [], "question": [], "documents": [], "error": []}
     with Path(path).open("rb") as fh:
         for line_no, raw in enumerate(fh, start=1):
             if not raw.strip():
                 continue
-            rec, error = _parse_line(raw, line_no)
+            row_id, question, documents, error = jsonl_row(raw, line_no)
             cols["row"].append(len(cols["row"]))
-            cols["id"].append(_id_text(rec.get("id")) if rec else None)
-            question = rec.get("question") if rec else None
-            if rec and question is None and "query" in rec:  # the Python API's name: a documented alias
-                question = rec["query"]
-            if error is None and rec and "question" in rec and "query" in rec:
-                error = f"line {line_no}: give the question once, as 'question' or as 'query' (its alias), not both"
-            docs = rec.get("documents") if rec else None
-            if error is None and not isinstance(question, str):
-                error = f"line {line_no}: " + (
-                    "missing 'question'" if question is None else "'question' must be a string"
-                )
-            if error is None and docs is None:
-                error = f"line {line_no}: missing 'documents'"
-            cols["question"].append(question if isinstance(question, str) else None)
-            cols["documents"].append(None if docs is None else json.dumps(docs, ensure_ascii=False))
+            cols["id"].append(row_id)
+            cols["question"].append(question)
+            cols["documents"].append(documents)
             cols["error"].append(error)
     return cols
+
+
+def jsonl_row(raw: bytes, line_no: int) -> tuple[str | None, str | None, str | None, str | None]:
+    """One JSONL line as ``(id, question, documents as JSON text, error)``; never raises: whatever the line holds
+    (not UTF-8, not JSON, a number too long to convert, nesting too deep, a lone surrogate, not an object...),
+    a line that cannot be a row gets its ``error`` (``line N: why``), so one row never stops the job."""
+    try:
+        return _jsonl_row(raw, line_no)
+    except (ValueError, TypeError, RecursionError, OverflowError) as exc:  # a case not foreseen below
+        logger.debug("line %d of a batch input could not be read", line_no, exc_info=True)
+        return None, None, None, f"line {line_no}: cannot be read as a row ({type(exc).__name__})"
+
+
+def _jsonl_row(raw: bytes, line_no: int) -> tuple[str | None, str | None, str | None, str | None]:
+    rec, error = _parse_line(raw, line_no)
+    if rec is None:
+        return None, None, None, error
+    question = rec.get("question")
+    if question is None and "query" in rec:  # the Python API's name: a documented alias
+        question = rec["query"]
+    if "question" in rec and "query" in rec:
+        error = f"line {line_no}: give the question once, as 'question' or as 'query' (its alias), not both"
+    docs = rec.get("documents")
+    if error is None and not isinstance(question, str):
+        error = f"line {line_no}: " + ("missing 'question'" if question is None else "'question' must be a string")
+    if error is None and docs is None:
+        error = f"line {line_no}: missing 'documents'"
+    try:
+        documents = None if docs is None else json.dumps(docs, ensure_ascii=False)
+    except (ValueError, RecursionError):  # nested too deeply to write back (it was just deep enough to read)
+        documents, error = None, error or f"line {line_no}: 'documents' is nested too deeply"
+    return _id_text(rec.get("id")), question if isinstance(question, str) else None, documents, error
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # the JSON escape of a UTF-16 surrogate (paired or not)
@@ -159,6 +180,8 @@ def _parse_line(raw: bytes, line_no: int) -> tuple[dict[str, Any] | None, str | 
         return None, f"{where}: invalid JSON ({exc.msg} at column {exc.colno})"
     except RecursionError:
         return None, f"{where}: invalid JSON (nested too deeply)"
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        return None, f"{where}: invalid JSON (a number too long to read: over {sys.get_int_max_str_digits()} digits)"
     if not isinstance(rec, dict):
         return None, f"{where}: expected a JSON object with 'question' and 'documents'"
     if _SURROGATE_ESCAPE.search(line) and has_lone_surrogate(rec):  # a pair is one character: fine

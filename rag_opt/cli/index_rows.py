@@ -4,6 +4,7 @@ of each."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -11,8 +12,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rag_opt.cli.common import UserError
+from rag_opt.inputs import has_lone_surrogate
 
 __all__ = ["IndexSummary", "RowResult", "Status", "batches", "count_rows", "parse_row"]
+
+logger = logging.getLogger(__name__)
 
 Status = Literal["indexed", "cached", "failed"]
 
@@ -60,7 +64,8 @@ class IndexSummary:
 # -- rows ---------------------------------------------------------------------------------------------------------
 def parse_row(raw: bytes | str, line: int) -> dict[str, Any]:
     """One input line as a document ``{"text", "title"?, "metadata"?}`` (the fields the encoding reads); raises
-    :class:`~rag_opt.cli.common.UserError` (``line N: why``) for a row that cannot be indexed."""
+    :class:`~rag_opt.cli.common.UserError` (``line N: why``) for a row that cannot be indexed (not UTF-8, not
+    JSON, a number too long to read, nesting too deep, no text, a lone UTF-16 surrogate), and nothing else."""
     where = f"line {line}"
     if isinstance(raw, bytes):
         try:
@@ -71,6 +76,11 @@ def parse_row(raw: bytes | str, line: int) -> dict[str, Any]:
         rec = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise UserError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise UserError(f"{where}: invalid JSON (nested too deeply)") from None
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        digits = sys.get_int_max_str_digits()
+        raise UserError(f"{where}: invalid JSON (a number too long to read: over {digits} digits)") from None
     if isinstance(rec, str):
         rec = {"text": rec}
     if not isinstance(rec, dict):
@@ -84,6 +94,8 @@ def parse_row(raw: bytes | str, line: int) -> dict[str, Any]:
     for key in ("title", "metadata"):
         if rec.get(key) is not None:
             doc[key] = rec[key]
+    if has_lone_surrogate(doc):  # not Unicode text: it cannot be encoded (nor its key hashed)
+        raise UserError(f"{where}: holds a lone UTF-16 surrogate (a \\ud800-style escape without its pair)")
     return doc
 
 
@@ -107,13 +119,19 @@ def count_rows(path: str) -> int | None:
 
 
 def batches(path: str, size: int, failed: list[RowResult]) -> Iterator[list[tuple[int, dict[str, Any]]]]:
-    """Batches of ``size`` parsed rows; rows that cannot be parsed are appended to ``failed``."""
+    """Batches of ``size`` parsed rows; rows that cannot be parsed are appended to ``failed`` (a row never raises:
+    its error is that row's)."""
     batch: list[tuple[int, dict[str, Any]]] = []
     for line, raw in lines(path):
         try:
             batch.append((line, parse_row(raw, line)))
         except UserError as exc:
             failed.append(RowResult(line, "failed", str(exc)))
+        except (ValueError, TypeError, RecursionError, OverflowError) as exc:  # not foreseen: still this row's
+            logger.debug("line %d could not be read", line, exc_info=True)
+            failed.append(
+                RowResult(line, "failed", f"line {line}: cannot be read as a document ({type(exc).__name__})")
+            )
         if len(batch) >= size:
             yield batch
             batch = []

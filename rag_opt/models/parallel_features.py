@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from rag_opt.models.loader import ProxyModel
 
-__all__ = ["CROSS_READS", "QUESTION_BATCH_TOKENS", "QUESTION_ROOM", "block_limit", "extract_parallel"]
+__all__ = ["CROSS_READS", "QUESTION_BATCH_TOKENS", "QUESTION_ROOM", "block_limit", "extract_parallel", "plan_blocks"]
 
 QUESTION_BATCH_TOKENS = 65536  # cached tokens (padded) per question pass
 QUESTION_ROOM = 256  # positions kept free for the question pass after the longest block
@@ -70,31 +70,29 @@ def extract_parallel(
 
     states: dict[str, EncodedStates] = {}
     queries: dict[str, EncodedStates] = {}  # cross: each block's source queries, by its sources key
-    hits = [0] * len(prompts)
-    misses = [0] * len(prompts)
     keys = [[key(block.ids) for block in prompt.blocks] for prompt in prompts]  # each block's, hashed once
     # with cross, a block's encoding is wanted with its source queries, which are read at each unit's last token:
     # keyed by the tokens and the units' ends (the same tokens cut into other units are another entry)
     source_keys = [[key(b.ids, sources_kind(b.ends)) for b in prompt.blocks] for prompt in prompts] if cross else []
-    todo: dict[str, Block] = {}  # the blocks to encode, by their sources key (cross) or block key
-    for c, prompt in enumerate(prompts):
-        for b, (block, k) in enumerate(zip(prompt.blocks, keys[c], strict=True)):
-            tk = source_keys[c][b] if cross else k
-            if tk in todo:
-                misses[c] += 1
-                continue
-            found = states[k] if k in states else cache.get(k) if cache is not None else None
-            found_q = None
-            if cross and found is not None:
-                found_q = queries[tk] if tk in queries else cache.get(tk) if cache is not None else None
-            if found is not None and (found_q is not None or not cross):
-                states[k] = found
-                if found_q is not None:
-                    queries[tk] = found_q
-                hits[c] += 1
-            else:
-                todo[tk] = block
-                misses[c] += 1
+
+    def found(c: int, b: int) -> bool:
+        """Whether block ``b`` of context ``c`` is cached (its states, and with cross its source queries): kept."""
+        k = keys[c][b]
+        tk = source_keys[c][b] if cross else k
+        got = states[k] if k in states else cache.get(k) if cache is not None else None
+        got_q = None
+        if cross and got is not None:
+            got_q = queries[tk] if tk in queries else cache.get(tk) if cache is not None else None
+        if got is None or (cross and got_q is None):
+            return False
+        states[k] = got
+        if got_q is not None:
+            queries[tk] = got_q
+        return True
+
+    wanted, hits, misses = plan_blocks(source_keys if cross else keys, found)
+    # the blocks to encode, by their sources key (cross) or block key
+    todo: dict[str, Block] = {tk: prompts[c].blocks[b] for tk, (c, b) in wanted.items()}
     prefix_key = key(prefix, "prefix")
     prefix_states = cache.get(prefix_key) if cache is not None else None
     if todo:
@@ -184,6 +182,34 @@ def _stored(cache: EncodingCache | None, key: str, value: torch.Tensor) -> Encod
     """``value`` kept in ``cache`` under ``key`` and read back as stored, or, with no cache, as the default format
     stores it (so a result does not depend on whether a cache was given)."""
     return cache.put(key, value) if cache is not None else encode_states(value, DEFAULT_FORMAT)
+
+
+def plan_blocks(
+    keys: Sequence[Sequence[str]], found: Callable[[int, int], bool]
+) -> tuple[dict[str, tuple[int, int]], list[int], list[int]]:
+    """Which blocks of a batch to encode, and each context's cache hits and misses.
+
+    ``keys[c][b]``: the key of block ``b`` of context ``c``; ``found(c, b)``: whether that block is in the cache
+    (asked once per distinct key not already to be encoded). Returns the blocks to encode (each distinct key once,
+    in order: ``key -> (c, b)`` of its first occurrence) and, per context, its hits and misses. A block is a miss
+    once per batch: for the context whose occurrence is encoded (the first that needs it); every other occurrence,
+    in that context or another one, reads the states encoded once and is a hit, as a cached block is. So the
+    misses of a batch add up to the blocks it encodes, and a context's ``cache_misses`` are the blocks encoded for
+    it.
+    """
+    todo: dict[str, tuple[int, int]] = {}
+    hits = [0] * len(keys)
+    misses = [0] * len(keys)
+    for c, row in enumerate(keys):
+        for b, k in enumerate(row):
+            if k in todo:  # encoded once in this batch, for an earlier occurrence
+                hits[c] += 1
+            elif found(c, b):
+                hits[c] += 1
+            else:
+                todo[k] = (c, b)
+                misses[c] += 1
+    return todo, hits, misses
 
 
 def block_limit(proxy: ProxyModel, max_tokens: int) -> int:

@@ -17,7 +17,9 @@ with ``reason``, as the proxy forwards a chat request unoptimized). Invalid inpu
 error names the field (``param``); with ``--on-overload reject`` an overload is a 429.
 
 The request is read strictly: JSON types are not coerced (``"ratio": "0.5"`` and ``"target_tokens": true`` are
-400s), and a ``budget`` must give one of its limits (``{}`` is a 400: leave ``budget`` out for the server's). A
+400s), a key given twice in one object or a string holding a lone UTF-16 surrogate anywhere in the body is a 400
+(``duplicate_key``, ``lone_surrogate``: the rule of every route, :mod:`rag_opt.server.request`), and a
+``budget`` must give one of its limits (``{}`` is a 400: leave ``budget`` out for the server's). A
 body sent with ``Content-Encoding: gzip`` or ``deflate`` is decoded (at most ``--max-body-bytes`` once decoded,
 else a 413). More than ``--max-documents`` documents is a 413 (``too_many_documents``), answered once the body
 is parsed and before any document is validated or built. Reading the request and building the answer (the
@@ -33,7 +35,6 @@ from typing import Any, Literal
 
 import anyio.to_thread
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_core import from_json
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -42,7 +43,7 @@ from rag_opt.inputs import check_documents
 from rag_opt.server.engine import Attempt, Engine, Job, TierChoice, overloaded_response
 from rag_opt.server.errors import Overloaded, RequestError, error_response
 from rag_opt.server.pool import off_loop
-from rag_opt.server.request import decode_body, json_type
+from rag_opt.server.request import check_readable, decode_body, load_object
 from rag_opt.server.settings import BUDGET_FIELDS  # also accepted at the top level of a request
 from rag_opt.server.state import ProxyState
 from rag_opt.server.tenancy import request_namespace
@@ -319,11 +320,13 @@ class Compressor:
         :class:`~rag_opt.server.errors.RequestError` (a 413 past ``--max-documents``, before any document is
         validated). Runs off the event loop for a large body."""
         try:
-            data = from_json(raw)
-        except ValueError as exc:
-            raise RequestError(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
-        if not isinstance(data, dict):
-            raise RequestError(f"the request body must be a JSON object, got {json_type(data)}", code="invalid_json")
+            data = load_object(raw)  # parsed as the chat routes parse (duplicate keys marked)
+        except RequestError:
+            raise
+        except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+            raise RequestError(
+                "the request body is not valid JSON (a number too long to read)", code="invalid_json"
+            ) from None
         limit = self.state.settings.max_documents
         docs = data.get("documents")
         if isinstance(docs, list) and len(docs) > limit:
@@ -333,6 +336,7 @@ class Compressor:
                 "too_many_documents",
                 status=413,
             )
+        check_readable(data)  # rag-opt reads the whole body: a duplicate key or a lone surrogate anywhere is a 400
         try:
             req = CompressRequest.model_validate(data)
         except ValidationError as exc:

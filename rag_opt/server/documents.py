@@ -9,8 +9,9 @@ removed), unless the request's ``rag_opt.query`` gives one. Context is, in this 
    (leading and trailing whitespace kept aside) is one document, optimized in place: kept sentences verbatim,
    dropped documents removed with their tags, and with a re-ordering, whole blocks move between the block
    positions of the same message text. An empty block (nothing but whitespace between the tags) is not a
-   document: it is forwarded as it is and keeps its place; so is a block holding a lone UTF-16 surrogate (a
-   ``\\ud800``-style escape), which cannot be encoded for the optimizer. Blocks are found by
+   document: it is forwarded as it is and keeps its place. A document or a question holding a lone UTF-16
+   surrogate (a ``\\ud800``-style escape without its pair: not Unicode text) is a 400 naming where, as on every
+   route (:func:`rag_opt.server.request.lone_surrogate`). Blocks are found by
    :func:`rag_opt.server.markup.scan` in linear time: quoted attribute values may contain ``>``; with nested
    blocks, the innermost ones are the documents and the tags around them stay as they are; unmatched tags are
    text.
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from rag_opt.server.errors import RewriteError
 from rag_opt.server.json_edit import Edit, JsonEditor, JsonPath, apply_edits
 from rag_opt.server.markup import parse_attributes, scan, strip_blocks
-from rag_opt.server.request import EXTENSION_FIELD, Options
+from rag_opt.server.request import EXTENSION_FIELD, Options, lone_surrogate
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.types import Document, OptimizeResult
@@ -56,6 +57,7 @@ __all__ = [
     "Placer",
     "Remover",
     "has_lone_surrogate",
+    "json_path",
     "parse_attributes",
     "place_first",
     "texts_of",
@@ -76,8 +78,16 @@ def _one_newline(m: re.Match[str]) -> str:
 
 def has_lone_surrogate(text: str) -> bool:
     """Whether ``text`` holds a UTF-16 surrogate on its own (from a ``\\ud800``-style JSON escape): it cannot
-    be encoded, so such a document is passed through as it is instead of being optimized."""
+    be encoded, so a request whose documents or question hold one is refused."""
     return _SURROGATE.search(text) is not None
+
+
+def json_path(path: JsonPath) -> str:
+    """``("messages", 2, "content", 0, "text")`` as ``messages[2].content[0].text`` (an error's ``param``)."""
+    out = ""
+    for step in path:
+        out += f"[{step}]" if isinstance(step, int) else (f".{step}" if out else str(step))
+    return out
 
 
 @dataclass
@@ -121,9 +131,12 @@ class Container:
     item: JsonPath | None = None  # the content block removed when the text ends up blank (an API refuses those)
 
 
-def _optimizable(text: str) -> bool:
-    """A document worth optimizing: not empty, and encodable (no lone surrogate)."""
-    return bool(text.strip()) and not has_lone_surrogate(text)
+def _optimizable(text: str, path: JsonPath) -> bool:
+    """A document worth optimizing: not empty. A :class:`~rag_opt.server.errors.RequestError` (a 400 naming
+    ``path``) when it holds a lone surrogate: not Unicode text, it cannot be read."""
+    if has_lone_surrogate(text):
+        raise lone_surrogate(json_path(path), json_path(path))
+    return bool(text.strip())
 
 
 def _split_ws(body: str) -> tuple[str, str, str]:
@@ -195,7 +208,7 @@ class ContextPlan:
         the whole text as one document when ``whole_min`` is given and the text is at least that long. ``item``:
         the array item (a content block) to remove instead of leaving this text blank."""
         found = scan(text, self.tag).documents
-        blocks = [b for b in found if _optimizable(text[b.body_start : b.body_end])]
+        blocks = [b for b in found if _optimizable(text[b.body_start : b.body_end], path)]
         if not blocks:
             if whole_min is not None and len(text.strip()) >= max(whole_min, 1):
                 self.add_whole(path, text, item=item, required=True)  # a message that had content is never emptied
@@ -228,7 +241,7 @@ class ContextPlan:
     ) -> None:
         """The whole string at ``path`` as one document (not when empty or not encodable); ``item``: as in
         :meth:`add_text`; ``required``: the optimizer keeps at least its best unit."""
-        if not _optimizable(text):
+        if not _optimizable(text, path):
             return
         lead, core, trail = _split_ws(text)
         self.containers.append(Container(path=path, text=text, whole=True, item=item))
@@ -246,8 +259,8 @@ class ContextPlan:
 
     def add_extension(self, ext_docs: list[Document]) -> None:
         """The documents of the ``rag_opt`` field (rendered as blocks by :attr:`placer`)."""
-        for d in ext_docs:
-            if not _optimizable(d.text):  # an empty document is forwarded as it is, not optimized
+        for k, d in enumerate(ext_docs):
+            if not _optimizable(d.text, (EXTENSION_FIELD, "documents", k, "text")):  # an empty one: rendered as sent
                 self.extension.append(Found(text=d.text, id=d.id, title=d.title))
                 continue
             extra: dict[str, Any] = {}
@@ -260,14 +273,15 @@ class ContextPlan:
 
     def set_query(self, texts: list[str]) -> None:
         """The question: the ``rag_opt.query`` option, else ``texts`` (those of the last user message) joined by
-        newlines with their blocks removed; None when empty."""
+        newlines with their blocks removed; None when empty. With documents to optimize, a question holding a lone
+        surrogate is refused (:func:`~rag_opt.server.request.lone_surrogate`: it is read, as they are)."""
         if self.options.query is not None:
             self.query = self.options.query
         elif texts:
             question = _BLANKS.sub(_one_newline, "\n".join(strip_blocks(t, self.tag) for t in texts)).strip()
             self.query = question or None
-        if self.query is not None and has_lone_surrogate(self.query):  # only scored, never written back
-            self.query = _SURROGATE.sub("\ufffd", self.query)
+        if self.query is not None and self.documents and has_lone_surrogate(self.query):
+            raise lone_surrogate("the question (the last user message's text)", None)
 
     def optimizer_documents(self) -> list[dict[str, Any]]:
         """The documents to pass to ``ContextOptimizer.optimize`` (index i = ``documents[i]``)."""

@@ -5,6 +5,13 @@ completion: its ``messages``; the other routes pass their own check to :func:`pa
 (:class:`~rag_opt.server.errors.RequestError`, answered with a 400 in the route's error shape); rag-opt
 validates only the structure it reads, everything else is the upstream's to validate.
 
+One rule on every route for what rag-opt reads (``/v1/compress``: the whole body; the forwarding routes: the keys
+each checks, the ``rag_opt`` field, and the texts it reads as documents or as the question): a key that appears
+twice in one object is a 400 ``duplicate_key`` (rag-opt and the upstream could read different values), and a
+string holding a lone UTF-16 surrogate (a ``\\ud800``-style escape without its pair: not Unicode text) is a
+400 ``lone_surrogate``, each naming where (:func:`check_readable`, :func:`lone_surrogate`). What rag-opt does not
+read is forwarded as sent.
+
 Per-request options come from the ``x-ragopt-*`` headers (``ratio``, ``target-tokens``, ``threshold``,
 ``ordering``, ``language``, ``disable``) and the ``rag_opt`` extension field (``query``, ``documents``,
 ``ratio``, ``target_tokens``, ``threshold``, ``ordering``, ``language``, ``placement``, ``enabled``), the field
@@ -15,6 +22,7 @@ server's ``--language`` for this request: segmentation and the BM25 stopwords fo
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,11 +44,13 @@ __all__ = [
     "check_chat_body",
     "check_messages",
     "check_parts",
+    "check_readable",
     "check_request_language",
     "check_unique",
     "decode_body",
     "json_type",
     "load_object",
+    "lone_surrogate",
     "parse_body",
     "parse_request",
 ]
@@ -117,6 +127,43 @@ def check_unique(obj: dict[str, Any], where: str, keys: frozenset[str] | None = 
         )
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate(where: str, param: str | None) -> RequestError:
+    """The 400 for a text rag-opt reads (at ``where``; ``param``: the error's ``param``) that holds a lone UTF-16
+    surrogate: the same on every route."""
+    return RequestError(
+        f"{where} holds a lone UTF-16 surrogate (a \\ud800-style escape without its pair), which is not Unicode "
+        "text: send well-formed text (a surrogate pair, or the character itself)",
+        param,
+        "lone_surrogate",
+    )
+
+
+def check_readable(value: Any, where: str = "") -> None:
+    """Refuse what rag-opt reads whole (``value``, at ``where`` in the body: ``/v1/compress``'s body, the ``rag_opt``
+    field) when it holds, at any depth, a key that appears more than once in one object (:func:`check_unique`) or
+    a string or key with a lone UTF-16 surrogate (:func:`lone_surrogate`); the first found, in document order."""
+    stack: list[tuple[str, Any]] = [(where, value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                raise lone_surrogate(path or "the request body", path or None)
+        elif isinstance(v, dict):
+            check_unique(v, path)
+            items = []
+            for key, item in v.items():
+                sub = f"{path}.{key}" if path else key
+                if _SURROGATE.search(key):
+                    raise lone_surrogate(f"a key of {path}" if path else "a key of the request body", path or None)
+                items.append((sub, item))
+            stack.extend(reversed(items))
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in reversed(list(enumerate(v))))
+
+
 def _budget(ratio: Any, target_tokens: Any, threshold: Any, where: str) -> Budget:
     try:
         return Budget(ratio=ratio, target_tokens=target_tokens, threshold=threshold)
@@ -179,11 +226,7 @@ def _extension(value: Any) -> tuple[_Extension, list[Document]]:
     """Validate the ``rag_opt`` field; returns it and its documents."""
     if not isinstance(value, dict):
         raise RequestError(f"'{EXTENSION_FIELD}' must be an object, got {type(value).__name__}", EXTENSION_FIELD)
-    check_unique(value, EXTENSION_FIELD)
-    raw_docs = value.get("documents")
-    for k, doc in enumerate(raw_docs if isinstance(raw_docs, list) else []):
-        if isinstance(doc, dict):
-            check_unique(doc, f"{EXTENSION_FIELD}.documents[{k}]")
+    check_readable(value, EXTENSION_FIELD)  # rag-opt reads all of it (and removes it before forwarding)
     try:
         ext = _Extension.model_validate(value)
     except ValidationError as exc:

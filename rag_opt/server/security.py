@@ -9,22 +9,28 @@ Gemini key is then the proxy's ``--gemini-upstream-api-key``); each is compared 
 (:func:`hmac.compare_digest`). It never reaches the upstream: ``X-RagOpt-Api-Key`` is always
 removed, and so is every other header that carries the proxy key anywhere in its name or value — as it is,
 percent-encoded, in hexadecimal or in base64 (standard or URL-safe, padded or not, at any offset: ``Basic``
-credentials, ``Authorization: Token <key>``, ``Bearer<TAB><key>``, ``api-key: <key>``...) — and every query
-parameter that carries it (``?api_key=<key>``); the upstream then gets ``--upstream-api-key`` when one is
+credentials, ``Authorization: Token <key>``, ``Bearer<TAB><key>``, ``api-key: <key>``...; percent-encoded
+any number of times over) — and every query parameter that carries it (``?api_key=<key>``); the upstream then
+gets ``--upstream-api-key`` when one is
 configured, else no ``Authorization``. ``GET /healthz``, ``/livez``, ``/readyz`` and ``/health`` are open
 (probes; they say nothing but the proxy's state); everything else, ``/metrics`` included, needs the key when
 one is set.
 
 Before that, every request's path is checked (:func:`rag_opt.server.paths.check_path`: 414 when too long, 400
 when not plain), a request that declares both ``Transfer-Encoding`` and ``Content-Length`` (a smuggling
-pattern) is answered 400 and its connection closed, and, except on the probes, one whose ``Host`` the proxy
+pattern) is answered 400 and its connection closed, a request that sends a credential header the proxy reads
+(:data:`SINGLE_HEADERS`: ``Authorization``, ``X-RagOpt-Api-Key``, ``x-api-key``, ``api-key``,
+``x-goog-api-key``) more than once is answered 400 (``duplicate_header``: which one counts would be a guess, and
+the upstream might guess otherwise), and, except on the probes, one whose ``Host`` the proxy
 does not answer to or that a browser sent cross-origin is answered 403 (:mod:`rag_opt.server.browser`: DNS
 rebinding, CSRF). After the key check, a body declared as anything but JSON on a JSON route is a 415.
 
 Credentials are never logged: the access log has the method, the path without its query string (where
 ``?key=`` travels), the status and the time (a path cut at 200 characters); request and response bodies are
 logged only with ``--log-bodies``, and then through :func:`redact` (which also blanks credential query
-parameters such as ``key=``, ``api_key=`` and ``access_token=`` in any URL it holds), their headers through
+parameters such as ``key=``, ``api_key=`` and ``access_token=`` in any URL it holds, the configured keys
+percent-encoded too, well-known key shapes in free text and JSON members escaped inside a JSON string, as an
+upstream echoing the request sends them), their headers through
 :func:`redact_headers` (every header named like a credential: ``*key*`` — ``x-goog-api-key`` too —,
 ``*token*``, ``*auth*``, ``*secret*``, ``*session*``...).
 """
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hmac
 import json
 import logging
@@ -55,6 +62,7 @@ __all__ = [
     "LOG_PATH_LIMIT",
     "OPEN_PATHS",
     "SENSITIVE_HEADERS",
+    "SINGLE_HEADERS",
     "Guard",
     "access_log",
     "body_for_log",
@@ -85,17 +93,40 @@ SENSITIVE_HEADERS = frozenset(
         "openai-project",
     }
 )
+# credential headers the proxy reads (the proxy key, the tenant): sent more than once, a request is refused
+SINGLE_HEADERS = frozenset({b"authorization", KEY_HEADER, b"x-api-key", b"api-key", GOOGLE_KEY_HEADER})
 LOG_BODY_LIMIT = 64 * 1024  # characters of a body that --log-bodies writes
 # header names that look like credentials (custom token headers: x-auth-token, x-goog-api-key, x-amz-security-token)
 _SENSITIVE_NAME = re.compile(r"key|token|secret|passw|auth|credential|session|cookie|signature", re.IGNORECASE)
 
-_JSON_SECRET = re.compile(
-    r'("(?:[^"\\]|\\.)*?(?:api[_-]?key|apikey|authorization|password|passwd|secret|token|credential)'
-    r'(?:[^"\\]|\\.)*"\s*:\s*)"(?:[^"\\]|\\.)*"',
+_JSON_SECRET = re.compile(  # (a member's name is short: bounded, so a long text is scanned in linear time)
+    r'("(?:[^"\\]|\\.){0,40}?(?:api[_-]?key|apikey|authorization|password|passwd|secret|token|credential)'
+    r'(?:[^"\\]|\\.){0,40}"\s*:\s*)"(?:[^"\\]|\\.)*"',
+    re.IGNORECASE,
+)
+# the same inside a JSON string (an upstream echoing the request: "body": "{\"api_key\": \"...\"}")
+_ESCAPED_JSON_SECRET = re.compile(  # (a member's name is short: bounded, so a long text is scanned in linear time)
+    r'(\\"(?:[^"\\]|\\[^"]){0,40}?(?:api[_-]?key|apikey|authorization|password|passwd|secret|token|credential)'
+    r'(?:[^"\\]|\\[^"]){0,40}\\"\s*:\s*)\\"(?:[^"\\]|\\[^"])*\\"',
     re.IGNORECASE,
 )
 _BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
 _KEY_LIKE = re.compile(r"\b(sk|pk|rk|sess)-[A-Za-z0-9_-]{8,}")
+# well-known key shapes in free text (a key pasted into a message): Google API keys, GitHub tokens, Slack tokens,
+# AWS access key ids, JSON Web Tokens
+_KEY_SHAPES = re.compile(
+    r"\bAIza[0-9A-Za-z_-]{30,}"
+    r"|\bgh[pousr]_[A-Za-z0-9]{30,}"
+    r"|\bgithub_pat_[A-Za-z0-9_]{30,}"
+    r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"
+    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"
+    r"|\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+"
+)
+# "password=hunter2", "api_key: abc" in free text (not only in a URL's query string)
+_TEXT_SECRET = re.compile(
+    r"(?i)\b((?:password|passwd|pwd|passphrase|secret|client[_-]?secret|api[_-]?key|apikey|access[_-]?token"
+    r"|auth[_-]?token|token)\s*[=:]\s*)(?![\s\"'\\]|\[redacted\])[^\s\"'\\&,;]+"
+)
 # a credential in a URL's query string (?key=..., &api_key=..., access_token=...)
 _QUERY_SECRET = re.compile(
     r"([?&](?:key|api[_-]?key|apikey|access[_-]?token|token|auth|secret|password|signature|sig)=)[^&#\s\"'\\]+",
@@ -104,17 +135,36 @@ _QUERY_SECRET = re.compile(
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """``text`` with credentials replaced by ``[redacted]``: the given secret values, JSON members whose name
-    looks like a credential (``api_key``, ``authorization``, ``token``, ``password``, ``secret``...),
-    credential query parameters (``?key=...``, ``&access_token=...``), ``Bearer``/``Basic`` credentials and
-    ``sk-...``-style keys."""
+    """``text`` with credentials replaced by ``[redacted]``: the given secret values (as they are or
+    percent-encoded, wholly or in part, any number of times over), JSON members whose name looks like a
+    credential (``api_key``, ``authorization``, ``token``, ``password``, ``secret``...; also escaped inside a JSON
+    string, as an upstream that echoes the request sends them), credential query parameters (``?key=...``,
+    ``&access_token=...``), ``Bearer``/``Basic`` credentials, ``password=...``/``api_key: ...`` in free text, and
+    well-known key shapes: ``sk-...``-style keys, Google API keys (``AIza...``), GitHub (``ghp_...``,
+    ``github_pat_...``) and Slack (``xoxb-...``) tokens, AWS access key ids (``AKIA...``) and JSON Web Tokens."""
     for secret in secrets:
         if secret:
             text = text.replace(secret, "[redacted]")
+            if "%" in text:
+                text = _percent_encoded(secret).sub("[redacted]", text)
     text = _JSON_SECRET.sub(r'\1"[redacted]"', text)
+    if '\\"' in text:
+        text = _ESCAPED_JSON_SECRET.sub(r'\1\\"[redacted]\\"', text)
     text = _QUERY_SECRET.sub(r"\1[redacted]", text)
     text = _BEARER.sub(r"\1 [redacted]", text)
-    return _KEY_LIKE.sub(r"\1-[redacted]", text)
+    text = _KEY_LIKE.sub(r"\1-[redacted]", text)
+    text = _KEY_SHAPES.sub("[redacted]", text)
+    return _TEXT_SECRET.sub(r"\1[redacted]", text)
+
+
+@functools.lru_cache(maxsize=64)
+def _percent_encoded(secret: str) -> re.Pattern[str]:
+    """``secret`` with each of its bytes as it is or percent-encoded (``%4B``, ``%4b``, ``%254B``: encoded again)."""
+    parts = []
+    for ch in secret:
+        encoded = "".join(rf"%(?:25)*[{b >> 4:X}{b >> 4:x}][{b & 15:X}{b & 15:x}]" for b in ch.encode("utf-8"))
+        parts.append(f"(?:{re.escape(ch)}|{encoded})")
+    return re.compile("".join(parts))
 
 
 def redact_headers(headers: Iterable[tuple[bytes, bytes]], secrets: Iterable[str] = ()) -> str:
@@ -133,7 +183,8 @@ def body_for_log(body: bytes, secrets: Iterable[str] = ()) -> str:
     """A body for ``--log-bodies``: decoded, redacted and cut to :data:`LOG_BODY_LIMIT` characters."""
     text = body.decode("utf-8", errors="replace")
     cut = len(text) > LOG_BODY_LIMIT
-    text = redact(text[:LOG_BODY_LIMIT], secrets)
+    # redacted before the cut (a key across it is still recognised), with room for what redaction removes
+    text = redact(text[: 2 * LOG_BODY_LIMIT], secrets)[:LOG_BODY_LIMIT]
     return json.dumps(text, ensure_ascii=False) + (f" ... ({len(body)} bytes in all)" if cut else "")
 
 
@@ -213,11 +264,11 @@ class Guard:
 
     def carries(self, *parts: bytes) -> bool:
         """Whether any of ``parts`` (a header's name and value, a query parameter) carries the proxy key: as it
-        is, percent-encoded, in hexadecimal, in base64 (either alphabet, any padding or offset) or inside Basic
-        credentials."""
+        is, percent-encoded (any number of times over), in hexadecimal, in base64 (either alphabet, any padding
+        or offset) or inside Basic credentials."""
         if self.key is None:
             return False
-        texts = [t for p in parts for t in (p, unquote_to_bytes(p.replace(b"+", b" ")))]
+        texts = [t for p in parts for t in _decodings(p)]
         if any(form in text for text in texts for form in self.forms):
             return True
         for text in texts:
@@ -286,6 +337,17 @@ class Guard:
             )
             await _send_json(send, 400, body, [(b"connection", b"close")])  # and close the connection
             return
+        repeated = _repeated(scope["headers"], SINGLE_HEADERS)
+        if repeated is not None:
+            self.metrics.local_error("invalid_request")
+            body = error_json(
+                f"the request has more than one {repeated} header: send it once",
+                "invalid_request_error",
+                "duplicate_header",
+                fmt,
+            )
+            await _send_json(send, 400, body)
+            return
         if scope["path"] not in OPEN_PATHS:  # DNS rebinding, cross-origin browser requests
             refused = check_browser(scope["headers"], self.hosts)
             if refused is not None:
@@ -337,6 +399,32 @@ class Guard:
         await self.app(scope, receive, send)
 
 
+_DECODE_ROUNDS = 4  # percent-decodings of a header or parameter searched for the proxy key (%4B, %254B, ...)
+
+
+_UNICODE_ESCAPE = re.compile(rb"(?:%u|\\u)([0-9A-Fa-f]{4})")  # %u004B (JavaScript's escape()), \u004B (JSON)
+
+
+def _decodings(part: bytes) -> list[bytes]:
+    """``part`` as it is and percent-decoded once, twice... (``+`` as a space; ``%uXXXX`` and ``\\uXXXX``
+    escapes too), until nothing changes (at most :data:`_DECODE_ROUNDS` times)."""
+    out = [part]
+    for _ in range(_DECODE_ROUNDS):
+        last = out[-1]
+        if b"%" not in last and b"+" not in last and b"\\u" not in last:
+            break
+        decoded = _UNICODE_ESCAPE.sub(_unicode_char, last) if b"u" in last else last
+        decoded = unquote_to_bytes(decoded.replace(b"+", b" "))
+        if decoded == last:
+            break
+        out.append(decoded)
+    return out
+
+
+def _unicode_char(m: re.Match[bytes]) -> bytes:
+    return chr(int(m.group(1), 16)).encode("utf-8", "surrogatepass")
+
+
 def _encoded_forms(key: bytes) -> tuple[bytes, ...]:
     """The proxy key as it may appear inside a header or a query: as it is, in hexadecimal, and the part of its
     base64 encoding (standard and URL-safe) that does not depend on what precedes it, for each of the three
@@ -351,6 +439,18 @@ def _encoded_forms(key: bytes) -> tuple[bytes, ...]:
 
 
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
+
+
+def _repeated(headers: Iterable[tuple[bytes, bytes]], names: frozenset[bytes]) -> str | None:
+    """The first of ``names`` (lower case) that ``headers`` hold more than once, else None."""
+    seen: set[bytes] = set()
+    for k, _ in headers:
+        name = k.lower()
+        if name in names:
+            if name in seen:
+                return name.decode("latin-1")
+            seen.add(name)
+    return None
 
 
 def too_large_body(limit: int, fmt: ErrorFormat = "openai") -> bytes:

@@ -27,7 +27,9 @@ reach the client chunk by chunk; a successful JSON response that is not too larg
 first, so that an upstream sending invalid JSON becomes a 502 rather than a corrupt answer — except Gemini's
 ``:streamGenerateContent``, whose stream without ``alt=sse`` is one JSON array sent as ``application/json``:
 relayed as it arrives too (:func:`rag_opt.server.paths.is_streamed`). Upstream failures are 502/504 answers in
-the route's error shape; a client that disconnects closes the upstream request.
+the route's error shape: ``upstream_unavailable`` when it could not be reached or did not answer HTTP,
+``upstream_truncated_response`` when its answer broke off before the end of a body read before relaying (fewer
+bytes than its ``Content-Length``); a client that disconnects closes the upstream request.
 """
 
 from __future__ import annotations
@@ -367,12 +369,13 @@ class Upstream:
             if name not in sent and name in req.headers:
                 del req.headers[name]
         upstream: httpx.Response | None = None
+        prefix: list[bytes] = []
+        declared = ""
         try:
             upstream = await self.client.send(req, stream=True)
             chunks = upstream.aiter_raw()
-            prefix: list[bytes] = []
             ctype = upstream.headers.get("content-type", "").split(";")[0].strip().lower()
-            declared = upstream.headers.get("content-length", "")
+            declared = upstream.headers.get("content-length", "").strip()
             if (
                 200 <= upstream.status_code < 300
                 and ctype == "application/json"
@@ -409,9 +412,27 @@ class Upstream:
                 504, "the upstream LLM server did not answer in time", "upstream_error", "upstream_timeout", fmt=fmt
             )
         except httpx.HTTPError as exc:
-            if upstream is not None:
+            if upstream is not None:  # it answered, then its body broke off: a truncated answer, nothing relayed
                 await upstream.aclose()
-            self.metrics.upstream_error("connect" if upstream is None else "stream")
+                self.metrics.upstream_error("stream")
+                received = sum(map(len, prefix))
+                logger.warning(
+                    "upstream answer %s broke off after %d bytes%s (%s: %s)",
+                    upstream.status_code,
+                    received,
+                    f" of the {declared} it declared" if declared.isdigit() else "",
+                    type(exc).__name__,
+                    redact(str(exc), self.secrets),
+                )
+                return error_response(
+                    502,
+                    f"the upstream LLM server's answer was truncated: it broke off after {received} bytes"
+                    + (f" of the {declared} its Content-Length declared" if declared.isdigit() else ""),
+                    "upstream_error",
+                    "upstream_truncated_response",
+                    fmt=fmt,
+                )
+            self.metrics.upstream_error("connect")
             logger.warning("upstream failed (%s: %s)", type(exc).__name__, redact(str(exc), self.secrets))
             return error_response(
                 502, "could not reach the upstream LLM server", "upstream_error", "upstream_unavailable", fmt=fmt
