@@ -334,7 +334,17 @@ def test_native_panic_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
         raise FakePanic("end byte index 2 is not a char boundary")
 
     monkeypatch.setattr(sentencex, "get_sentence_boundaries", panic)
+    monkeypatch.setattr("rag_opt.text.segment.SEGMENT_MEMO_CHARS", 0)  # segmented now, not remembered from before
     assert [t for _, t in pieces("One. Two.")] == ["One. Two."]
+
+
+def test_a_remembered_segmentation_is_the_same_and_the_caller_s_own() -> None:
+    text = "A first sentence. A second one! And a third?"
+    first = segment(text)
+    first.append(Segment(0, 1, "sentence"))  # the caller's list: changing it changes nothing remembered
+    again = segment(text)
+    assert again == segment(text) and len(again) == 3
+    assert [text[x.start : x.end] for x in again] == ["A first sentence. ", "A second one! ", "And a third?"]
 
 
 def test_unicode_whitespace_does_not_crash_the_splitter() -> None:
