@@ -10,16 +10,17 @@ A *format* stores them smaller (after KIVI, ICML 2024, and CacheGen, arXiv 2310.
 * **values per token**: each token's, layer's and head's value vector shares one scale and zero point;
 * **source queries per row**: each query vector its own symmetric scale.
 
-=========  ====  ======  ===============  ===============================================================
-format     keys  values  source queries   bytes per document token (embedded model, 16 layers, see docs)
-=========  ====  ======  ===============  ===============================================================
-``bf16``   bf16  bf16    bf16             today's entries: the model's dtype, unchanged (not quantized)
-``int8``   8     8       8
-``k8v4``   8     4       8
-``k8v2``   8     2       8
-``k4v4``   4     4       8
-``k4v2``   4     2       8
-=========  ====  ======  ===============  ===============================================================
+=========  ====  ======  ===============  ==========================================================
+format     keys  values  source queries   bytes per document token, everything included (the embedded
+                                          model at 16 layers, 600 HotpotQA dev questions: docs/operations.md)
+=========  ====  ======  ===============  ==========================================================
+``bf16``   bf16  bf16    bf16             12,945: the model's dtype, unchanged (not quantized)
+``int8``   8     8       8                6,569
+``k8v4``   8     4       8                5,129
+``k8v2``   8     2       8                4,409: the smallest within 0.005 of bf16 in facts and answers kept
+``k4v4``   4     4       8                3,593
+``k4v2``   4     2       8                about 2,870
+=========  ====  ======  ===============  ==========================================================
 
 Scales and zero points are float16. Quantized codes are packed (two 4-bit or four 2-bit codes a byte, along the
 head dimension). A format is part of the cache's store key: entries of two formats never mix.
