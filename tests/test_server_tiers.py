@@ -359,3 +359,30 @@ def test_serve_has_the_new_flags(capsys):
     out = capsys.readouterr().out
     for flag in ("--no-lexical-tier", "--lexical-over-tokens", "--batch-wait-ms", "--max-batch", "--threads"):
         assert flag in out
+
+
+def test_the_lexical_fallback_gets_what_is_left_of_the_request_s_budget():
+    """One budget per request: after the model spent most of it, the lexical tier gets the rest (at least a tenth),
+    not a fresh budget (a 10 s budget was answered at 20 s)."""
+    from rag_opt.server.engine import LEXICAL_FLOOR, Engine, Job, lexical_budget_s
+    from rag_opt.types import Budget
+
+    assert lexical_budget_s(10.0, t0=100.0, now=102.5) == pytest.approx(7.5)
+    assert lexical_budget_s(10.0, t0=100.0, now=109.8) == pytest.approx(LEXICAL_FLOOR * 10.0)
+    assert lexical_budget_s(10.0, t0=100.0, now=150.0) == pytest.approx(1.0)
+
+    state = ProxyState(ProxySettings(upstream="http://127.0.0.1:9/v1", time_budget_ms=10_000), bm25_optimizer())
+    given: list[float] = []
+    real = state.lexical_pool.run
+
+    async def spy(fn: Callable[[], Any], budget_s: float) -> Any:
+        given.append(budget_s)
+        return await real(fn, budget_s)
+
+    state.lexical_pool.run = spy  # type: ignore[method-assign]
+    job = Job(EXAMPLE_DOCS[0]["text"][:40], [dict(d) for d in EXAMPLE_DOCS], Budget(ratio=0.5), "input")
+    attempt = asyncio.run(Engine(state)._lexical(job, "timeout", time.perf_counter() - 9.0))
+    assert attempt.result is not None and attempt.reason == "timeout"
+    assert len(given) == 1 and LEXICAL_FLOOR * 10.0 <= given[0] <= 1.0 + 1e-6  # not a fresh 10 s
+    state.pool.shutdown()
+    state.lexical_pool.shutdown()

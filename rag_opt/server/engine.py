@@ -16,7 +16,8 @@ runs out (``timeout``). Without it, an overload fails open, or raises :class:`~r
 with ``--on-overload reject`` (the route answers 429); a timeout, an error or a context over the work limits
 (``--max-question-tokens``, ``--max-units``, ``--max-proxy-tokens``) fail open.
 
-The lexical tier has the same limits and the same time budget as the model, on a pool of its own
+The lexical tier has the same limits as the model and what is left of the request's time budget (at least a tenth of
+it: one budget per request, answered within 1.1 budgets: :func:`lexical_budget_s`), on a pool of its own
 (:attr:`~rag_opt.server.state.ProxyState.lexical_pool`: a worker per core, ``--max-lexical-queue`` waiting): a
 job it does not admit or that runs out of budget fails open (``overload``, ``timeout``), or, when it asked for the
 lexical tier, raises :class:`~rag_opt.server.errors.Overloaded` under ``--on-overload reject``.
@@ -45,7 +46,16 @@ from rag_opt.work import WorkLimits, scope
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.types import OptimizeResult
 
-__all__ = ["MODEL_ORDERINGS", "Attempt", "Engine", "Job", "TierChoice", "overloaded_response"]
+__all__ = [
+    "LEXICAL_FLOOR",
+    "MODEL_ORDERINGS",
+    "Attempt",
+    "Engine",
+    "Job",
+    "TierChoice",
+    "lexical_budget_s",
+    "overloaded_response",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -117,6 +127,17 @@ def overloaded_response(exc: Overloaded, time_budget_ms: float, fmt: ErrorFormat
         headers={"retry-after": str(retry)},
         fmt=fmt,
     )
+
+
+LEXICAL_FLOOR = 0.1  # the lexical tier's time when the request's budget is spent: this share of the budget
+
+
+def lexical_budget_s(budget_s: float, t0: float, now: float | None = None) -> float:
+    """What is left of a request's time budget ``budget_s`` since ``t0`` (``time.perf_counter()``) for the lexical
+    tier: one budget per request, not a fresh one after the model spent it. At least :data:`LEXICAL_FLOOR` of the
+    budget (the lexical tier takes milliseconds), so a request is answered within 1.1 budgets."""
+    elapsed = (time.perf_counter() if now is None else now) - t0
+    return max(budget_s - elapsed, LEXICAL_FLOOR * budget_s)
 
 
 class Engine:
@@ -230,7 +251,7 @@ class Engine:
                 return optimizer.optimize(job.query, job.documents, tier="lexical", **settings)  # type: ignore[call-arg]
 
         try:
-            result = await state.lexical_pool.run(work, state.settings.time_budget_ms / 1e3)
+            result = await state.lexical_pool.run(work, lexical_budget_s(state.settings.time_budget_ms / 1e3, t0))
         except Overloaded as exc:
             state.metrics.shed_load(exc.reason)
             if reason is None and state.settings.on_overload == "reject":

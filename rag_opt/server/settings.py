@@ -242,7 +242,10 @@ class ProxySettings(BaseModel):
     tool_min_chars: int = Field(default=2000, ge=1, description="a tool message is context from this many characters")
     # behaviour
     time_budget_ms: float = Field(
-        default=10_000.0, gt=0, description="optimizer time budget; over it the request is forwarded unoptimized"
+        default=10_000.0,
+        gt=0,
+        description="time budget of one request's optimization: past it the lexical tier answers with what is left "
+        "(at least a tenth of the budget), or, with --no-lexical-tier, the request is forwarded unoptimized",
     )
     max_concurrency: int = Field(default=1, ge=1, description="optimizations running at once (worker threads)")
     max_queue: int | None = Field(
