@@ -34,6 +34,16 @@ def test_bad_json_line_number(capsys, tmp_path):
     assert code == 2 and "line 3: invalid JSON" in err
 
 
+def test_a_number_too_long_or_nesting_too_deep_is_the_line_s_error_not_a_traceback(capsys, tmp_path):
+    f = tmp_path / "docs.jsonl"
+    f.write_text('{"text": "fine"}\n{"id": ' + "7" * 5000 + ', "text": "x"}\n')
+    code, _, err = run(capsys, "optimize", "-q", "who?", "-i", str(f))
+    assert code == 2 and "line 2: invalid JSON (a number too long to read" in err and "Traceback" not in err
+    f.write_text('{"text": "fine"}\n' + "[" * 100_000 + "\n")
+    code, _, err = run(capsys, "optimize", "-q", "who?", "-i", str(f))
+    assert code == 2 and "line 2: invalid JSON" in err and "Traceback" not in err
+
+
 def test_line_without_text(capsys, tmp_path):
     f = tmp_path / "docs.jsonl"
     f.write_text('{"id": "a"}\n')

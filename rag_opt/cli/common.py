@@ -257,6 +257,13 @@ def read_documents(path: str) -> list[dict[str, Any]]:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UserError(f"{name}, line {n}: invalid JSON ({exc.msg} at column {exc.colno})") from None
+        except RecursionError:
+            raise UserError(f"{name}, line {n}: invalid JSON (nested too deeply)") from None
+        except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+            raise UserError(
+                f"{name}, line {n}: invalid JSON (a number too long to read: over {sys.get_int_max_str_digits()} "
+                "digits)"
+            ) from None
         if isinstance(rec, str):
             rec = {"text": rec}
         if not isinstance(rec, dict):
