@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -151,6 +151,10 @@ def to_documents(documents: Sequence[DocumentLike]) -> list[Document]:
     """
     if isinstance(documents, (str, bytes, Mapping)):
         raise InvalidInputTypeError("documents must be a list of documents, not a single " + type(documents).__name__)
+    if not isinstance(documents, Iterable):
+        raise InvalidInputTypeError(
+            f"documents must be a list of documents (strings, dicts or Documents), got {type(documents).__name__}"
+        )
     out: list[Document] = []
     for i, doc in enumerate(documents):
         try:

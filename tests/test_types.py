@@ -43,6 +43,14 @@ def test_single_string_is_not_a_document_list():
         to_documents("just one string")
 
 
+@pytest.mark.parametrize("bad", [None, 5, 3.5])
+def test_documents_that_are_no_list_raise_a_rag_opt_error_naming_the_type(bad):
+    from rag_opt.errors import InvalidInputTypeError
+
+    with pytest.raises(InvalidInputTypeError, match=f"list of documents .* got {type(bad).__name__}"):
+        to_documents(bad)
+
+
 def test_result_json_round_trip():
     r = OptimizeResult(
         query="q",
