@@ -39,9 +39,14 @@ class _Clock:
         return self.now
 
 
+PATIENT_S = 30.0  # the read timeout of tiers whose tests are not about timeouts (a loaded machine can take 50 ms)
+
+
 def _tier(url: str, **kwargs: object):
+    """A tier on ``url``; its reads wait up to :data:`PATIENT_S` unless a test sets ``timeout`` itself."""
     from rag_opt.models.cache_redis import RedisTier
 
+    kwargs.setdefault("timeout", PATIENT_S)
     return RedisTier(url, **kwargs)  # type: ignore[arg-type]
 
 
@@ -318,7 +323,9 @@ def test_bad_options_are_configuration_errors(option: str, value: object) -> Non
 
 def test_url_timeouts_cannot_override_the_tier() -> None:
     pytest.importorskip("redis", reason="the redis client is not installed (pip install 'ragsieve[redis]')")
-    with _tier("redis://127.0.0.1:6379/0?socket_timeout=30&decode_responses=True&max_connections=7") as tier:
+    from rag_opt.models.cache_redis import RedisTier
+
+    with RedisTier("redis://127.0.0.1:6379/0?socket_timeout=30&decode_responses=True&max_connections=7") as tier:
         kwargs = tier._pool.connection_kwargs
         assert kwargs["socket_timeout"] == 0.05 and kwargs["decode_responses"] is False
         assert tier._pool.max_connections == 7  # other query options are honored

@@ -109,7 +109,8 @@ def extract_parallel(
         for i, (tk, block) in enumerate(todo.items()):
             # the entry as the cache stores it (a quantized format changes the states): a cold request reads what
             # a warm one will, so both give the same answer
-            states[key(block.ids)] = _stored(cache, key(block.ids), computed[i])
+            k = key(block.ids)
+            states[k] = _stored(cache, k, computed[i])
             if cross:
                 queries[tk] = _stored(cache, tk, kept[i])
     if prefix_states is None:  # every block was cached, the prefix was not: its own pass
