@@ -37,6 +37,7 @@ __all__ = [
     "Tier",
     "Timings",
     "Unit",
+    "WorkLimits",
     "optimize",
 ]
 
@@ -68,6 +69,7 @@ if TYPE_CHECKING:  # pragma: no cover
         Timings,
         Unit,
     )
+    from rag_opt.work import WorkLimits
 
 _ERRORS = tuple(_errors_all)  # the errors module is tiny: importing it costs nothing
 _TYPES = (
@@ -91,6 +93,7 @@ __getattr__, __dir__ = lazy_module(
         "optimize": "rag_opt.one_call",
         "Scorer": "rag_opt.compressors.base",
         "Orderer": "rag_opt.orderers.base",
+        "WorkLimits": "rag_opt.work",
         **{name: "rag_opt.errors" for name in _ERRORS},
         **{name: "rag_opt.types" for name in _TYPES},
     },

@@ -186,7 +186,7 @@ class _Calls:
             timer.daemon = True
             timer.start()
             try:
-                with scope(limits=limits.work_limits(), cancel=cancel):
+                with scope(limits=limits.work_limits(), cancel=cancel, progress=False):
                     return optimize_context(
                         self.optimizer, question, documents, ratio=ratio, target_tokens=target_tokens
                     )

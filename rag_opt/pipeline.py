@@ -7,16 +7,17 @@ Each stage takes the previous stage's value and returns its own (:class:`~rag_op
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from rag_opt.compressors.base import Scorer, Scores
 from rag_opt.compressors.selection import SelectionOptions, select
-from rag_opt.errors import ConfigurationError, InvalidInputError, InvalidInputTypeError
+from rag_opt.errors import ConfigurationError, InvalidInputError, InvalidInputTypeError, WorkLimitExceeded
 from rag_opt.inputs import check_budget, check_documents, check_query, check_share, check_tier
 from rag_opt.models.encoding_cache import EncodingCache, resolve_cache
 from rag_opt.models.prompt import DEFAULT_ENCODING, template_for
@@ -42,14 +43,24 @@ from rag_opt.types import (
     Timings,
     check_ordering,
 )
-from rag_opt.work import check_question, check_units, checkpoint
+from rag_opt.work import DEFAULT_LIMITS, WorkLimits, check_question, check_units, checkpoint, limits_given, scope
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.batching import MicroBatcher
     from rag_opt.models.loader import ProxyModel
     from rag_opt.orderers.profiles import ProfileStore
 
-__all__ = ["ContextOptimizer"]
+__all__ = ["ContextOptimizer", "OverLimit"]
+
+logger = logging.getLogger(__name__)
+
+#: what an optimizer does with a context past its work limits: raise WorkLimitExceeded, or answer by the lexical tier
+OverLimit = Literal["raise", "lexical"]
+LIFT_HINT = (
+    "Raise the limit with ContextOptimizer(limits=rag_opt.WorkLimits(...)), lift every limit with limits=None "
+    "(the model tier's cost grows linearly with the context: docs/python-api.md), or read it with tier='lexical' "
+    "(any length in seconds; over_limit='lexical' does so only past the limits)"
+)
 
 
 class ContextOptimizer:
@@ -121,6 +132,12 @@ class ContextOptimizer:
         reader: the model that reads the optimized context, whose reader profile (``rag-opt calibrate --reader``)
             places the documents under ``ordering="calibrated"`` (default: the request's ``target``). Without a
             profile for it, the proxy's profile places them. ``OptimizeResult.placement_profile`` says which.
+        limits: the most work one call may do (:class:`~rag_opt.work.WorkLimits`: units, proxy tokens, question
+            tokens), checked before the model runs. Default :data:`~rag_opt.work.DEFAULT_LIMITS` (65,536 proxy
+            tokens: about a minute of the embedded model on 2 cores, cold); None lifts them. A caller's own
+            :func:`rag_opt.work.scope` with limits (the server's) takes precedence.
+        over_limit: past the limits, ``"raise"`` a :class:`~rag_opt.errors.WorkLimitExceeded` naming the limit
+            and how to lift it, or answer by the ``"lexical"`` tier (with a warning in the result saying so).
     """
 
     def __init__(
@@ -153,6 +170,8 @@ class ContextOptimizer:
         title_keys: Sequence[str] = DEFAULT_TITLE_KEYS,
         title_from_text: bool = True,
         reader: str | None = None,
+        limits: WorkLimits | None = DEFAULT_LIMITS,
+        over_limit: OverLimit | str = "raise",
     ) -> None:
         self.budget = check_budget(ratio, target_tokens, threshold, budget) or Budget(ratio=DEFAULT_RATIO)
         self.ordering: OrderingName = check_ordering(ordering)
@@ -184,6 +203,12 @@ class ContextOptimizer:
         self.doc_probe = doc_probe
         self.calibrate = calibrate
         self.tier: Tier = check_tier(tier)
+        if limits is not None and not isinstance(limits, WorkLimits):
+            raise InvalidInputTypeError(f"limits must be a rag_opt.WorkLimits or None, got {type(limits).__name__}")
+        self.limits = limits
+        if over_limit not in ("raise", "lexical"):
+            raise InvalidInputError(f"over_limit must be 'raise' or 'lexical', got {over_limit!r}")
+        self.over_limit: OverLimit = over_limit
         self.threads = threads if isinstance(threads, ThreadPolicy) else ThreadPolicy(threads)
         template_for(encoding)  # refuses an unknown encoding
         self.encoding = encoding
@@ -330,10 +355,36 @@ class ContextOptimizer:
         (up to float rounding in the scores); ``timings.score_ms`` is the shared scoring time."""
         if isinstance(queries, str) or len(queries) != len(documents):
             raise InvalidInputError("optimize_batch needs a list of queries and a list of document lists, as long")
-        t0 = time.perf_counter()
         budget = check_budget(ratio, target_tokens, threshold, budget) or self.budget
-        orderer = self.orderer(ordering or self.ordering, self.reader or target or self.target)
         tier_ = check_tier(tier or self.tier)
+        if limits_given():  # a caller's scope (a server's) decides: its limits, its errors
+            return self._run(queries, documents, budget, ordering, tier_, language, target)
+        try:
+            with scope(limits=self.limits or WorkLimits()):
+                return self._run(queries, documents, budget, ordering, tier_, language, target)
+        except WorkLimitExceeded as exc:
+            if self.over_limit != "lexical" or tier_ == "lexical":
+                raise WorkLimitExceeded(f"{exc}. {LIFT_HINT}") from None
+            note = f"{exc}: answered by the lexical tier (over_limit='lexical'; {LIFT_HINT})"
+            logger.warning("%s", note)
+        with scope(limits=WorkLimits(max_question_tokens=(self.limits or WorkLimits()).max_question_tokens)):
+            results = self._run(queries, documents, budget, ordering, "lexical", language, target)
+        for r in results:
+            r.warnings.append(note)
+        return results
+
+    def _run(
+        self,
+        queries: Sequence[str],
+        documents: Sequence[Sequence[DocumentLike]],
+        budget: Budget,
+        ordering: OrderingName | str | None,
+        tier_: Tier,
+        language: str | None,
+        target: str | None,
+    ) -> list[OptimizeResult]:
+        t0 = time.perf_counter()
+        orderer = self.orderer(ordering or self.ordering, self.reader or target or self.target)
         language_ = self.language if language is None else check_language(language)
         counter = self.counter if target is None else get_token_counter(target)
         jobs = [

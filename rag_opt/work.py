@@ -6,9 +6,13 @@ with :class:`WorkLimits` (question tokens, units, proxy tokens) and a cancel eve
 question's length before segmentation, the number of units after it and the number of proxy tokens (the context's
 and the question's, once per forward pass it goes into) before the first forward pass (raising
 :class:`~rag_opt.errors.WorkLimitExceeded`), and calls :func:`checkpoint` between its stages and between the
-windows of the proxy model, which raises :class:`~rag_opt.errors.Cancelled` once the event is set. Outside a
-scope nothing is limited and nothing is cancelled. The proxy server (``rag-opt serve``) uses it so that a request
-cannot hold a worker for long after its time budget ran out or its client left.
+windows of the proxy model, which raises :class:`~rag_opt.errors.Cancelled` once the event is set. The proxy
+server (``rag-opt serve``) uses it so that a request cannot hold a worker for long after its time budget ran out or
+its client left.
+
+Outside a scope that gives limits, :class:`~rag_opt.ContextOptimizer` opens its own with its ``limits`` (by default
+:data:`DEFAULT_LIMITS`, the server's defaults too; ``limits=None`` lifts them), so that one huge document cannot
+run for an hour unasked.
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ from dataclasses import dataclass
 from rag_opt.errors import Cancelled, WorkLimitExceeded
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "QUESTION_CHARS_PER_TOKEN",
     "WorkLimits",
     "check_proxy_tokens",
     "check_question",
     "check_units",
     "checkpoint",
+    "limits_given",
+    "progress_shown",
     "scope",
 ]
 
@@ -45,10 +52,17 @@ class WorkLimits:
     max_question_tokens: int | None = None
 
 
+#: the library's and the server's default limits: about a minute of the embedded model's work on 2 cores at most
+#: (cost grows linearly with the context's proxy tokens: docs/python-api.md)
+DEFAULT_LIMITS = WorkLimits(max_units=20_000, max_proxy_tokens=65_536, max_question_tokens=1024)
+
+
 @dataclass(frozen=True)
 class _Scope:
     limits: WorkLimits
     cancel: threading.Event | None
+    given: bool = False  # a scope on the way here gave limits (the optimizer then does not add its own)
+    progress: bool = True  # long work may show a progress bar (a server turns it off)
 
 
 _NONE = _Scope(WorkLimits(), None)
@@ -61,17 +75,32 @@ def _current() -> _Scope:
 
 
 @contextmanager
-def scope(*, limits: WorkLimits | None = None, cancel: threading.Event | None = None) -> Iterator[None]:
-    """Within this block, on this thread: ``limits`` apply and ``cancel`` (once set) cancels. Nested scopes
-    keep the outer one's limits and event unless they give their own."""
+def scope(
+    *, limits: WorkLimits | None = None, cancel: threading.Event | None = None, progress: bool | None = None
+) -> Iterator[None]:
+    """Within this block, on this thread: ``limits`` apply, ``cancel`` (once set) cancels, and ``progress`` says
+    whether long work may show a progress bar. Nested scopes keep the outer one's unless they give their own."""
     outer = _current()
     _local.scope = _Scope(
-        limits if limits is not None else outer.limits, cancel if cancel is not None else outer.cancel
+        limits if limits is not None else outer.limits,
+        cancel if cancel is not None else outer.cancel,
+        outer.given or limits is not None,
+        outer.progress if progress is None else progress,
     )
     try:
         yield
     finally:
         _local.scope = outer
+
+
+def limits_given() -> bool:
+    """Whether a scope open on this thread gave limits (a server's, or an optimizer's own)."""
+    return _current().given
+
+
+def progress_shown() -> bool:
+    """Whether long work on this thread may show a progress bar (off in a scope that says so, e.g. a server's)."""
+    return _current().progress
 
 
 def checkpoint() -> None:

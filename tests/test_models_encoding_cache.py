@@ -204,6 +204,13 @@ def test_a_blob_for_another_key_or_damaged_is_refused():
         from_bytes(flipped, "key-a")
 
 
+def _as_stored(states: torch.Tensor) -> torch.Tensor:
+    """``states`` as the default format stores them (decoded): what every tier must give back, bit for bit."""
+    from rag_opt.models.kv_codec import DEFAULT_FORMAT
+
+    return encode_states(states, DEFAULT_FORMAT).decode()
+
+
 def test_disk_tier_round_trip_and_sharing(tmp_path):
     states = _states(7)
     writer = EncodingCache(disk=tmp_path)
@@ -215,7 +222,9 @@ def test_disk_tier_round_trip_and_sharing(tmp_path):
     assert len(files) == 1 and not list(tmp_path.rglob("*.tmp")) and not list(tmp_path.rglob("*.lock"))
     reader = EncodingCache(disk=tmp_path)  # another worker, same folder
     got = reader.get(key)
-    assert isinstance(got, EncodedStates) and torch.equal(got.decode(), states) and got.dtype == torch.bfloat16
+    assert (
+        isinstance(got, EncodedStates) and torch.equal(got.decode(), _as_stored(states)) and got.dtype == torch.bfloat16
+    )
     st = reader.stats()
     assert st.disk_hits == 1 and st.memory_hits == 0
     assert reader.get(key) is not None and reader.stats().memory_hits == 1  # promoted into memory
@@ -253,7 +262,7 @@ def test_a_bad_disk_file_is_detected_removed_and_recomputed(tmp_path, damage):
     cache.put(key, _states(6))
     cache.close()
     again = EncodingCache(disk=tmp_path)
-    assert torch.equal(again.get(key).decode(), _states(6))
+    assert torch.equal(again.get(key).decode(), _as_stored(_states(6)))
     again.close()
 
 
@@ -263,7 +272,7 @@ def test_a_shared_hit_is_promoted_to_the_tiers_above(tmp_path):
     assert len(shared.data) == 1
     other = EncodingCache(disk=tmp_path, shared=shared)  # another replica: its own memory and disk
     got = other.get("k")
-    assert got is not None and torch.equal(got.decode(), _states(8))
+    assert got is not None and torch.equal(got.decode(), _as_stored(_states(8)))
     st = other.stats()
     assert (st.shared_hits, st.disk_hits, st.memory_hits) == (1, 0, 0)
     other.flush(10)

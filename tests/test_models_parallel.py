@@ -71,7 +71,7 @@ def test_cached_path_equals_one_masked_pass(proxy):
     ex = hotpot_dev(1)[0]
     docs = _docs(ex, 4)
     ref = _masked_single_pass(proxy, docs, ex["question"], depth=6)
-    cache = EncodingCache()
+    cache = EncodingCache(format="bf16")  # the states unchanged (the default format quantizes them)
     cold = extract(proxy, docs, ex["question"], layers=6, encoding="parallel", cache=cache)
     warm = extract(proxy, docs, ex["question"], layers=6, encoding="parallel", cache=cache)
     assert (cold.cache_hits, cold.cache_misses) == (0, 4)
@@ -226,16 +226,41 @@ def _reference_cross(proxy, docs, question, depth):
 def test_cross_reading_equals_an_independent_reference(proxy):
     """The parallel cross-document reading (cached source queries moved by rotation, read against the cached
     keys) equals the same quantity computed from transformers' own states with no rag-opt capture."""
+    from rag_opt.models.encoding_cache import EncodingCache
     from rag_opt.models.extract import extract
 
     ex = hotpot_dev(1)[0]
     docs = _docs(ex, 3)
-    feats = extract(proxy, docs, ex["question"], layers=3, encoding="parallel", cross=True)
+    exact = EncodingCache(format="bf16")  # the states unchanged (the default format quantizes them)
+    feats = extract(proxy, docs, ex["question"], layers=3, encoding="parallel", cross=True, cache=exact)
     ref = _reference_cross(proxy, docs, ex["question"], 3)
     assert feats.cross is not None and feats.cross_sources is not None
     np.testing.assert_allclose(feats.cross, ref, rtol=2e-3, atol=1e-5)
     sizes = [len(d) for d in docs]  # every unit of a document averages the sources of the other documents
     assert feats.cross_sources.tolist() == [sum(sizes) - n for n in sizes for _ in range(n)]
+
+
+def test_cross_reading_past_its_source_cap_reads_evenly_spaced_sources_and_one_document_reads_none(proxy, monkeypatch):
+    """Past MAX_SOURCES a context's units average an evenly spaced MAX_SOURCES of the other documents' sources
+    (cost linear past it, not quadratic); a lone document has no other documents' sources and computes nothing."""
+    from rag_opt.models import parallel_cross, parallel_features
+    from rag_opt.models.extract import extract
+
+    ex = hotpot_dev(1)[0]
+    docs = _docs(ex, 4)
+    full = extract(proxy, docs, ex["question"], layers=2, encoding="parallel", cross=True)
+    total = sum(len(d) for d in docs)
+    monkeypatch.setattr(parallel_cross, "MAX_SOURCES", total)  # at the cap: unchanged
+    parallel_features.CROSS_READS.clear()
+    same = extract(proxy, docs, ex["question"], layers=2, encoding="parallel", cross=True)
+    np.testing.assert_array_equal(same.cross, full.cross)
+    monkeypatch.setattr(parallel_cross, "MAX_SOURCES", 8)
+    parallel_features.CROSS_READS.clear()
+    capped = extract(proxy, docs, ex["question"], layers=2, encoding="parallel", cross=True)
+    assert capped.cross_sources.max() <= 8 and capped.cross_sources.min() > 0
+    assert np.isfinite(capped.cross).all() and not np.array_equal(capped.cross, full.cross)
+    one = extract(proxy, docs[:1], ex["question"], layers=2, encoding="parallel", cross=True)
+    assert not one.cross.any() and not one.cross_sources.any()
 
 
 def test_cross_reading_is_cached_and_depends_on_no_order_or_question(proxy):
@@ -447,7 +472,7 @@ def test_a_one_row_question_pass_reads_its_states_in_float32_exactly_as_converte
     bf16 = load_proxy_model(dtype="bfloat16")
     a, b = hotpot_dev(2)
     docs = _docs(a, 3)
-    cache = EncodingCache()
+    cache = EncodingCache(format="bf16")  # the states in the model's dtype (a quantized entry decodes to either)
     bf16.question_buffers.clear()
     got = extract(bf16, docs, a["question"], layers=4, encoding="parallel", cache=cache)
     (entry,) = bf16.question_buffers.values()

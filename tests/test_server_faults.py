@@ -156,6 +156,8 @@ def test_pool_admission_queue_bound_and_estimate():
         await _until(lambda: pool.gauges()[:2] == (0, 0))
         # with a known run time, a job that would wait past its budget is not admitted
         pool._avg_s = 1.0
+        now = [100.0]
+        pool.clock = lambda: now[0]  # the running job's age, as the test sets it
         gate.clear()
         started.clear()
         blocker = asyncio.ensure_future(pool.run(blocked("blocker"), 5))
@@ -164,6 +166,16 @@ def test_pool_admission_queue_bound_and_estimate():
         with pytest.raises(Overloaded) as est:
             await pool.run(lambda: "late", 1.5)
         assert est.value.reason == "estimate" and est.value.estimate_s == 2.0
+        now[0] += 0.5  # half the average gone: half a run left
+        assert pool.estimate_s() == 1.5
+        # a run far past the average holds the worker: it is expected to run as long again, so a request with a
+        # budget shorter than that is sent away at once (to the lexical tier) instead of waiting it out
+        now[0] += 3.5  # 4 s old, against an average of 1 s
+        assert pool.estimate_s() == 5.0
+        with pytest.raises(Overloaded) as aged:
+            await pool.run(lambda: "late", 3)
+        assert aged.value.reason == "estimate"
+        pool.clock = time.monotonic
         # a queued job whose budget runs out is cancelled: it never runs
         pool._avg_s = None
         ran: list[int] = []

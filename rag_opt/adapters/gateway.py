@@ -230,7 +230,7 @@ class RequestOptimizer:
 
         def work() -> OptimizeResult:
             self._ready.wait()  # the proxy model loading at start-up
-            with scope(limits=limits, cancel=cancel):
+            with scope(limits=limits, cancel=cancel, progress=False):
                 result: OptimizeResult = optimizer.optimize(job.query, job.documents, **settings)
                 return result
 

@@ -12,18 +12,25 @@ replaced). The forward pass stops after the last layer needed.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rag_opt.models.capture import Capture, StopForward, capturing
-from rag_opt.work import checkpoint
+from rag_opt.work import checkpoint, progress_shown
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from rag_opt.models.loader import ProxyModel
 
-__all__ = ["PASS_TOKENS", "encode_blocks", "encode_blocks_with_sources"]
+__all__ = ["PASS_TOKENS", "PROGRESS_TOKENS", "encode_blocks", "encode_blocks_with_sources"]
+
+logger = logging.getLogger(__name__)
+
+# new tokens from which reading the documents is announced (a log line) and may show a progress bar (tqdm, drawn
+# only on a terminal and once 2 s have passed; off in a server's scope: rag_opt.work.scope(progress=False))
+PROGRESS_TOKENS = 16_384
 
 # the most tokens one packed pass holds (at most ``batch_tokens``): a longer row runs its elementwise layers
 # (norms, rotary embeddings, the MLP's gating) on activations that no longer fit the CPU's caches. Cold requests,
@@ -81,20 +88,40 @@ def _encode(
     batch: list[int] = []
     p = len(prefix)
     limit = min(batch_tokens, PASS_TOKENS)
-    for i in [*range(len(blocks)), -1]:
-        # a pass packs whole sequences up to ``limit`` tokens (a longer one has a pass of its own)
-        if batch and (i < 0 or sum(p + len(blocks[j]) for j in batch) + p + len(blocks[i]) > limit):
-            checkpoint()  # between forward passes: stop here if the caller gave up (rag_opt.work)
-            rows = None if sources is None else [sources[j] for j in batch]
-            pre, states, qs = _run(proxy, prefix, [blocks[j] for j in batch], depth, rows)
-            prefix_states = pre if prefix_states is None else prefix_states
-            out.extend(states)
-            queries.extend(qs or [])
-            batch = []
-        if i >= 0:
-            batch.append(i)
+    bar = _progress(sum(len(b) for b in blocks))
+    try:
+        for i in [*range(len(blocks)), -1]:
+            # a pass packs whole sequences up to ``limit`` tokens (a longer one has a pass of its own)
+            if batch and (i < 0 or sum(p + len(blocks[j]) for j in batch) + p + len(blocks[i]) > limit):
+                checkpoint()  # between forward passes: stop here if the caller gave up (rag_opt.work)
+                rows = None if sources is None else [sources[j] for j in batch]
+                pre, states, qs = _run(proxy, prefix, [blocks[j] for j in batch], depth, rows)
+                prefix_states = pre if prefix_states is None else prefix_states
+                out.extend(states)
+                queries.extend(qs or [])
+                if bar is not None:
+                    bar.update(sum(len(blocks[j]) for j in batch))
+                batch = []
+            if i >= 0:
+                batch.append(i)
+    finally:
+        if bar is not None:
+            bar.close()
     assert prefix_states is not None and len(out) == len(blocks)
     return prefix_states, out, None if sources is None else queries
+
+
+def _progress(tokens: int) -> Any:
+    """A progress bar over ``tokens`` new document tokens, or None below :data:`PROGRESS_TOKENS` (or where the
+    caller's scope turned progress off)."""
+    if tokens < PROGRESS_TOKENS:
+        return None
+    logger.info("reading %d new document tokens with the proxy model (cost grows linearly with them)", tokens)
+    if not progress_shown():
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=tokens, unit="tok", desc="rag-opt: reading documents", delay=2, disable=None, leave=False)
 
 
 def _run(

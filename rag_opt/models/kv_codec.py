@@ -67,6 +67,8 @@ class KVFormat:
     key_bits: int
     value_bits: int
     query_bits: int
+    #: tokens that share one key scale and zero point per channel (0: the block's every token)
+    key_group: int = 0
 
     @property
     def quantized(self) -> bool:
@@ -82,9 +84,11 @@ FORMATS: dict[str, KVFormat] = {
         KVFormat("k8v2", 8, 2, 8),
         KVFormat("k4v4", 4, 4, 8),
         KVFormat("k4v2", 4, 2, 8),
+        KVFormat("k4g64v2", 4, 2, 8, key_group=64),
+        KVFormat("k4g32v2", 4, 2, 8, key_group=32),
     )
 }
-DEFAULT_FORMAT = "bf16"
+DEFAULT_FORMAT = "k8v2"
 
 
 def resolve_format(spec: str | KVFormat | None) -> KVFormat:
@@ -146,7 +150,7 @@ class EncodedStates:
             return raw[0, :depth].to(dtype or self.dtype)
         layers = min(depth, self.shape[1])
         out = torch.empty((layers, *self.shape[2:]), dtype=dtype or self.dtype)
-        _dequant_keys(self.tensors, self.format.key_bits, self.shape, layers, out)
+        _dequant_keys(self.tensors, self.format.key_bits, self.shape, layers, out, self.format.key_group)
         return out
 
     def decode_into(self, out: torch.Tensor, depth: int) -> None:
@@ -159,7 +163,7 @@ class EncodedStates:
             out.copy_(raw[:, :depth])
             return
         f = self.format
-        _dequant_keys(self.tensors, f.key_bits, self.shape, depth, out[0])
+        _dequant_keys(self.tensors, f.key_bits, self.shape, depth, out[0], f.key_group)
         stored = min(depth, self.shape[1] - 1)  # the last layer's values are not stored (see encode_states)
         _dequant_values(self.tensors, f.value_bits, self.shape, stored, out[1, :stored])
         out[1, stored:depth].zero_()
@@ -240,7 +244,10 @@ def encode_states(states: torch.Tensor, fmt: KVFormat | str | None = None) -> En
             return EncodedStates(f, kind, shape, dtype, {"states": states.contiguous()})
         x = states.float()
         tensors: dict[str, torch.Tensor] = {}
-        _quant(x[0], f.key_bits, dim=2, prefix="k", out=tensors)  # keys: per channel, over the tokens
+        if f.key_group:  # keys: per channel, over each group of tokens
+            _quant_grouped(x[0], f.key_bits, f.key_group, prefix="k", out=tensors)
+        else:  # keys: per channel, over the block's tokens
+            _quant(x[0], f.key_bits, dim=2, prefix="k", out=tensors)
         # values: per token, over the channels; the last layer's are not stored: a question pass reads an entry's
         # last layer for its attention rows only (keys), and its output there is never used
         _quant(x[1, :-1], f.value_bits, dim=3, prefix="v", out=tensors)
@@ -287,10 +294,59 @@ def _dequant(
     out.mul_(scale).add_(lo)
 
 
-def _dequant_keys(
-    tensors: Mapping[str, torch.Tensor], bits: int, shape: tuple[int, ...], depth: int, out: torch.Tensor
+def _quant_grouped(x: torch.Tensor, bits: int, group: int, *, prefix: str, out: dict[str, torch.Tensor]) -> None:
+    """Asymmetric ``bits``-bit codes of ``x`` (L, H, T, d), one float16 scale and minimum per channel and per group
+    of ``group`` tokens (the last group may be shorter): KIVI's grouping, which follows keys that drift along the
+    block (rotary positions) with the same bits."""
+    import torch
+
+    t = x.shape[2]
+    groups = -(-t // group)
+    pad = groups * group - t
+    xp = torch.cat([x, x[:, :, -1:].expand(-1, -1, pad, -1)], dim=2) if pad else x
+    xg = xp.unflatten(2, (groups, group))  # (L, H, G, group, d)
+    lo = xg.amin(dim=3, keepdim=True)
+    hi = xg.amax(dim=3, keepdim=True)
+    levels = (1 << bits) - 1
+    scale = ((hi - lo) / levels).to(torch.float16)
+    lo16 = lo.to(torch.float16)
+    s = scale.float()
+    s = torch.where(s > 0, s, torch.ones_like(s))
+    codes = torch.round((xg - lo16.float()) / s).clamp_(0, levels).to(torch.uint8).flatten(2, 3)[:, :, :t]
+    out[prefix] = _pack(codes, bits)
+    out[prefix + "_scale"] = scale.squeeze(3)  # (L, H, G, d)
+    out[prefix + "_min"] = lo16.squeeze(3)
+
+
+def _dequant_grouped(
+    tensors: Mapping[str, torch.Tensor], prefix: str, bits: int, d: int, group: int, depth: int, out: torch.Tensor
 ) -> None:
-    _dequant(tensors, "k", bits, shape[4], depth, out)
+    """Decode :func:`_quant_grouped`'s codes into ``out`` (depth, H, T, d), in place (any strides)."""
+    out.copy_(_unpack(tensors[prefix][:depth], bits, d))
+    scale = tensors[prefix + "_scale"][:depth].to(out.dtype)  # (depth, H, G, d)
+    lo = tensors[prefix + "_min"][:depth].to(out.dtype)
+    t = out.shape[2]
+    full = t // group
+    if full:
+        body = out[:, :, : full * group].unflatten(2, (full, group))  # a view: writes reach ``out``
+        body.mul_(scale[:, :, :full, None]).add_(lo[:, :, :full, None])
+    if t > full * group:
+        tail = out[:, :, full * group :]
+        tail.mul_(scale[:, :, full, None]).add_(lo[:, :, full, None])
+
+
+def _dequant_keys(
+    tensors: Mapping[str, torch.Tensor],
+    bits: int,
+    shape: tuple[int, ...],
+    depth: int,
+    out: torch.Tensor,
+    group: int = 0,
+) -> None:
+    if group and bits != 16:
+        _dequant_grouped(tensors, "k", bits, shape[4], group, depth, out)
+    else:
+        _dequant(tensors, "k", bits, shape[4], depth, out)
 
 
 def _dequant_values(

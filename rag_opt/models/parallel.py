@@ -36,6 +36,7 @@ import numpy as np
 
 from rag_opt.errors import InvalidInputError
 from rag_opt.models.prompt import ANSWER_SUFFIX, CONTEXT_PREFIX, DOC_SEPARATOR, QUESTION_PREFIX
+from rag_opt.work import check_proxy_tokens, checkpoint
 
 __all__ = [
     "FOLLOWER",
@@ -164,13 +165,17 @@ def parallel_prompt(
         raise InvalidInputError("question is empty")
     if not any(len(u) for u in docs):
         raise InvalidInputError("no context to score: every document is empty")
+    q_ids, q_rows = question_tokens(tokenizer, question)
     blocks: list[Block] = []
     first = 0
+    total = len(q_ids)
     for d, units in enumerate(docs):
         if units:
-            blocks.extend(_doc_blocks(tokenizer, d, list(units), first, max_block_tokens))
+            mine = _doc_blocks(tokenizer, d, list(units), first, max_block_tokens)
+            blocks.extend(mine)
+            total += sum(len(b.ids) for b in mine)
+            check_proxy_tokens(total)  # the limit in force (rag_opt.work), document by document: before any model work
         first += len(units)
-    q_ids, q_rows = question_tokens(tokenizer, question)
     return ParallelPrompt(tuple(prefix_tokens(tokenizer)), blocks, q_ids, q_rows, first, len(docs), max_positions)
 
 
@@ -198,17 +203,23 @@ def _tokenize_blocks(tokenizer: object, d: int, units: list[str], first: int, li
     ids, unit_of = block_tokens(tokenizer, units, first)
     if len(ids) <= limit:
         return [Block(d, tuple(ids), tuple(unit_of))]
-    # too long: pieces of whole units, each a block of its own (the separator stays with the last piece)
+    # too long: pieces of whole units, each a block of its own (the separator stays with the last piece). Linear in
+    # the document: the pieces are planned on the whole document's tokens (each unit's count), then each piece is
+    # tokenized once; a piece whose own tokens come out over the limit (a merge across a unit's edge) gives back
+    # its last unit. Cancellation (rag_opt.work) is checked between pieces.
+    counts = np.bincount(np.asarray([u - first for u in unit_of if u >= 0], dtype=np.int64), minlength=len(units))
     out: list[Block] = []
     a = 0
     while a < len(units):
-        b = a + 1
+        checkpoint()
+        b, total = a + 1, int(counts[a])
+        while b < len(units) and total + int(counts[b]) <= limit:
+            total += int(counts[b])
+            b += 1
         piece_ids, piece_units = _piece(tokenizer, units, first, a, b)
-        while b < len(units):
-            nxt_ids, nxt_units = _piece(tokenizer, units, first, a, b + 1)
-            if len(nxt_ids) > limit:
-                break
-            piece_ids, piece_units, b = nxt_ids, nxt_units, b + 1
+        while len(piece_ids) > limit and b - a > 1:
+            b -= 1
+            piece_ids, piece_units = _piece(tokenizer, units, first, a, b)
         if len(piece_ids) > limit:
             logger.warning(
                 "a unit of %d proxy tokens exceeds the block limit of %d: only its first %d tokens are read",

@@ -247,7 +247,7 @@ class Engine:
         optimizer, limits, settings = state.optimizer, self._limits(), job.settings()
 
         def work() -> OptimizeResult:
-            with scope(limits=limits):
+            with scope(limits=limits, progress=False):
                 return optimizer.optimize(job.query, job.documents, tier="lexical", **settings)  # type: ignore[call-arg]
 
         try:
@@ -301,13 +301,13 @@ class Engine:
         namespace = job.namespace
 
         def one() -> OptimizeResult:
-            with cache_namespace(namespace), scope(limits=limits):
+            with cache_namespace(namespace), scope(limits=limits, progress=False):
                 return optimizer.optimize(job.query, job.documents, **settings)
 
         def batch(items: list[tuple[str, list[dict[str, Any]]]]) -> list[OptimizeResult]:
             """Several questions with the same settings as one ``optimize_batch`` call (one alone: ``optimize``),
             all of one namespace (it is part of the batch's key)."""
-            with cache_namespace(namespace), scope(limits=limits):
+            with cache_namespace(namespace), scope(limits=limits, progress=False):
                 if len(items) == 1:
                     return [optimizer.optimize(items[0][0], items[0][1], **settings)]
                 run = optimizer.optimize_batch  # type: ignore[attr-defined]

@@ -7,7 +7,9 @@ finish within its time budget:
 - a free worker: admitted (a free worker costs nothing, and it keeps the latency estimate fresh);
 - otherwise, when ``max_queue`` jobs already wait: not admitted (:class:`Overloaded` ``"queue_full"``);
 - otherwise, when the estimated wait for a worker plus one typical run (an exponential moving average of recent
-  run times) exceeds the budget: not admitted (:class:`Overloaded` ``"estimate"``).
+  run times) exceeds the budget: not admitted (:class:`Overloaded` ``"estimate"``). The wait counts the age of the
+  runs now going: one past the average is expected to run about as long again, so a request that holds the worker
+  sends later ones to the lexical tier at once instead of letting them wait out their budget.
 
 An admitted job that is still waiting when its budget runs out is cancelled (it never runs: no wasted work).
 One that is running cannot be interrupted from outside its thread: it is told to stop (its cancel event, see
@@ -109,6 +111,8 @@ class OptimizerPool:
         self._queued = 0  # admitted, not started (and not cancelled)
         self._busy = 0  # workers running a job or a batch, timed-out ones included
         self._avg_s: float | None = None  # moving average of recorded run times (of one job or one batch)
+        self._running: dict[int, float] = {}  # when each run now going started (by worker), for admission
+        self.clock: Callable[[], float] = time.monotonic  # the ages of running jobs
         self.sleep: Callable[[float], Awaitable[object]] = asyncio.sleep  # measures the time budgets
         self._threads = [
             threading.Thread(target=self._worker, args=(nice,), name=f"rag-opt-{i}", daemon=True)
@@ -133,11 +137,18 @@ class OptimizerPool:
         ahead = self._busy + self._queued
         if self._avg_s is None:
             return None
+        avg = self._avg_s
         if ahead < self.workers:
-            return self._avg_s
+            return avg
+        # the first worker frees up when its run ends: a run younger than the average has the rest of it to go, an
+        # older one is expected to run about as long again (its age is all that is known of it: a request that
+        # holds the worker for minutes must not make every later one wait out its budget)
+        now = self.clock()
+        left = [avg - age if age < avg else age for age in (now - t for t in self._running.values())]
+        free_in = min(left) if left else avg
         per_round = self.workers * self.max_batch
-        rounds = (ahead - self.workers) // per_round + 1  # runs to wait for before a worker frees up
-        return (rounds + 1) * self._avg_s
+        rounds = (ahead - self.workers) // per_round  # runs of queued jobs to wait for after that
+        return free_in + (rounds + 1) * avg
 
     def estimate_s(self) -> float | None:
         with self._lock:
@@ -173,6 +184,7 @@ class OptimizerPool:
                 batch = [first]
                 self._start_locked(first)
                 self._busy += 1
+                self._running[threading.get_ident()] = self.clock()
                 if first.key is not None and self.max_batch > 1:
                     deadline = time.monotonic() + self.batch_wait_s
                     while len(batch) < self.max_batch:
@@ -209,6 +221,7 @@ class OptimizerPool:
             elapsed = time.monotonic() - t0
             with self._lock:
                 self._busy -= 1
+                self._running.pop(threading.get_ident(), None)
                 if ok and any(j.record for j in batch):
                     prev = self._avg_s
                     self._avg_s = elapsed if prev is None else (1 - EWMA_ALPHA) * prev + EWMA_ALPHA * elapsed

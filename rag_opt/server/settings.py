@@ -33,6 +33,7 @@ from rag_opt.models.prompt import DEFAULT_ENCODING, ENCODINGS, template_for
 from rag_opt.text.language import check_language
 from rag_opt.text.titles import DEFAULT_TITLE_KEYS
 from rag_opt.types import DEFAULT_ORDERING, DEFAULT_RATIO, ORDERING_NAMES, Budget, check_ordering
+from rag_opt.work import DEFAULT_LIMITS
 
 __all__ = [
     "BUDGET_FIELDS",
@@ -306,18 +307,18 @@ class ProxySettings(BaseModel):
         default=1000, ge=1, description="a request with more context documents is forwarded unoptimized, never queued"
     )
     max_units: int = Field(
-        default=20_000,
+        default=DEFAULT_LIMITS.max_units or 20_000,
         ge=1,
         description="an optimization stops after segmentation when the context has more units (sentences, ...)",
     )
     max_proxy_tokens: int = Field(
-        default=65_536,
+        default=DEFAULT_LIMITS.max_proxy_tokens or 65_536,
         ge=1,
         description="an optimization stops before the proxy model runs when the context has more of its tokens "
         "(the question counted once per forward pass it goes into)",
     )
     max_question_tokens: int = Field(
-        default=1024,
+        default=DEFAULT_LIMITS.max_question_tokens or 1024,
         ge=1,
         description="an optimization stops before segmentation when the question has more target tokens (a "
         "question of more than 32 characters per token of this is over it without being counted)",
