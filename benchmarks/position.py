@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from common import data_dir
 
+from rag_opt.artifacts.position_profiles import PositionProfile, ProfileStore
 from rag_opt.compressors.doc_relevance import document_relevance
 from rag_opt.compressors.document_orders import mean_log_odds
 from rag_opt.compressors.features import build_features
@@ -37,7 +38,6 @@ from rag_opt.compressors.probe import Probe, shipped_probe
 from rag_opt.models.extract import extract
 from rag_opt.models.loader import ProxyModel, load_proxy_model
 from rag_opt.models.prompt import VIEWS
-from rag_opt.orderers.profiles import PositionProfile, ProfileStore
 from rag_opt.paths import cache_dir
 from rag_opt.text.units import UnitTable
 from rag_opt.training.calibration import estimate_profile, nq_calibration_contexts

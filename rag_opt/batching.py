@@ -48,6 +48,7 @@ class _Request:
     future: Future[OptimizeResult] = field(default_factory=Future)
 
 
+# the server batches on its own pool instead (rag_opt.server.pool.OptimizerPool.run_batched: budgets, admission)
 class MicroBatcher:
     """Coalesces optimizations of one :class:`~rag_opt.ContextOptimizer` into batched calls.
 

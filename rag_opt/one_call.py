@@ -7,6 +7,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from rag_opt.errors import InvalidInputError
 from rag_opt.pipeline import ContextOptimizer
 from rag_opt.types import DEFAULT_ORDERING, Budget, DocumentLike, OptimizeResult, OrderingName
 
@@ -30,6 +31,22 @@ def _options_key(options: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def _check_options(kwargs: dict[str, Any]) -> None:
+    """Refuse an option :class:`ContextOptimizer` does not take, naming the closest known one (a typo such as
+    ``rati=0.5`` would otherwise be a bare ``TypeError`` from the constructor)."""
+    import difflib
+    import inspect
+
+    known = [p for p in inspect.signature(ContextOptimizer.__init__).parameters if p != "self"]
+    unknown = [k for k in kwargs if k not in known]
+    if unknown:
+        hints = []
+        for name in unknown:
+            close = difflib.get_close_matches(name, known, n=1)
+            hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise InvalidInputError(f"rag_opt.optimize got unknown option(s) {', '.join(hints)}; see ContextOptimizer")
+
+
 def optimize(
     query: str,
     documents: Sequence[DocumentLike],
@@ -49,6 +66,7 @@ def optimize(
     ones (the :data:`OPTIMIZERS_KEPT` most recent). No budget given: :data:`~rag_opt.types.DEFAULT_RATIO`. See
     :class:`ContextOptimizer` for every option.
     """
+    _check_options(kwargs)
     options = {"model": model, "target": target, **kwargs}
     key = _options_key(options)
     with _OPTIMIZERS_LOCK:

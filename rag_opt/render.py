@@ -85,20 +85,32 @@ def _document(units: UnitTable, scores: Scores | None, selection: Selection, d: 
         raw_score=_raw_score(scores, d),
         retriever_score=source.score,
         kept_spans=units.kept_spans(d, keep),
-        units=[
-            Unit(
-                start=int(units.start[r]),
-                end=int(units.end[r]),
-                kind=units.kind[r],
-                tokens=int(units.tokens[r]),
-                score=float(scores.unit[r]) if scores is not None else None,
-                kept=bool(keep[r]),
-            )
-            for r in rows
-        ],
+        units=_units(units, scores, selection, rows),
         tokens_before=int(units.title_tokens[d] + units.text_tokens[d]),
         tokens_after=int(selection.tokens_after[d]),
     )
+
+
+def _units(units: UnitTable, scores: Scores | None, selection: Selection, rows: list[int]) -> list[Unit]:
+    """The text's units of one document (``rows``), with their scores and the select stage's decisions: kept or
+    not, the rank they were tried in, why, and the unit (an index into this list) a unit was kept with."""
+    keep, reasons, rank, by = selection.keep, selection.reasons, selection.rank, selection.needed_by
+    index = {r: i for i, r in enumerate(rows)}
+    return [
+        Unit(
+            start=int(units.start[r]),
+            end=int(units.end[r]),
+            kind=units.kind[r],
+            tokens=int(units.tokens[r]),
+            score=float(scores.unit[r]) if scores is not None else None,
+            kept=bool(keep[r]),
+            rank=int(rank[r]) if rank is not None and rank[r] > 0 else None,
+            reason=reasons[r] if reasons else None,
+            needed_by=index.get(int(by[r])) if by is not None and by[r] >= 0 else None,
+            scored_by=scores.scored_by(r) if scores is not None else None,
+        )
+        for r in rows
+    ]
 
 
 def _raw_score(scores: Scores | None, d: int) -> float | None:

@@ -2,9 +2,11 @@
 
 It renders an :class:`~rag_opt.types.OptimizeResult` together with the original documents (the result holds
 only the kept text; the units' character offsets point into the originals): every document with each sentence
-highlighted by its score (kept vs dropped), the document order before and after with relevance (raw and
-calibrated), and token counts before and after. Inline CSS only: no scripts, no external resources, every
-piece of document text escaped.
+highlighted by its score (kept vs dropped) and, on hover, its rank and why it was kept or dropped, how many units
+each reason decided, the document order before and after with relevance (raw and calibrated), and token counts
+before and after. The units and their reasons are :func:`rag_opt.explanation.explain_result`'s, all of them: the
+same data as ``explain_result(result)`` and ``explain: true`` on ``/v1/compress``. Inline CSS only: no
+scripts, no external resources, every piece of document text escaped.
 
 ``render_html(result, documents)`` renders; ``explain(query, documents, ...)`` optimizes and renders;
 ``rag-opt explain --query Q --input docs.jsonl --out report.html`` does the same from the command line.
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rag_opt.errors import InvalidInputError
+from rag_opt.explanation import REASONS, ExplainedDocument, describe, explain_result
 from rag_opt.types import Document, DocumentLike, OptimizeResult, OutputDocument, Unit, to_documents
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -123,7 +126,11 @@ def _render_text(text: str, units: Sequence[Unit], scale: _Scale) -> str:
         if u.start > pos:
             parts.append(_esc(text[pos : u.start]))
         s = scale(u.score)
-        tip = f"{'kept' if u.kept else 'dropped'} · {u.kind} · score {_fmt(u.score)} · {u.tokens} tokens"
+        rank = f" · rank {u.rank}" if u.rank is not None else ""
+        tip = (
+            f"{'kept' if u.kept else 'dropped'} · {u.kind} · score {_fmt(u.score)}{rank} · {u.tokens} tokens · "
+            f"{describe(u)}"
+        )
         cls = "u keep" if u.kept else "u drop"
         parts.append(
             f'<span class="{cls}" style="{_unit_style(u.kept, s)}" title="{_esc(tip)}">'
@@ -184,16 +191,18 @@ def render_html(
     """Render ``result`` (and the original ``documents`` it was computed from) as a self-contained HTML page."""
     originals = to_documents(documents)
     _check(result, originals)
+    explanation = explain_result(result, max_units=None)  # every unit with its decision: one source
+    units: dict[int, ExplainedDocument] = {e.index: e for e in explanation.documents}
     out_docs = list(result.documents)
     all_docs = sorted([*out_docs, *result.dropped], key=lambda d: d.index)
     out_pos = {d.index: rank for rank, d in enumerate(out_docs)}
-    scale = _Scale([u.score for d in all_docs for u in d.units if u.score is not None])
+    scale = _Scale([u.score for e in explanation.documents for u in e.units if u.score is not None])
     top = max(
         (abs(s) for d in all_docs for s in (d.score, d.raw_score) if s is not None and math.isfinite(s)), default=0
     )
     has_retriever = any(d.retriever_score is not None for d in all_docs)
-    n_units = sum(len(d.units) for d in all_docs)
-    n_kept_units = sum(u.kept for d in all_docs for u in d.units)
+    n_units = explanation.units_total
+    n_kept_units = sum(u.kept for e in explanation.documents for u in e.units)
 
     h: list[str] = []
     h.append('<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">')
@@ -223,6 +232,15 @@ def render_html(
     )
     h.append(f'<p class="note">{note}</p>')
     h.extend(f'<p class="note">⚠ {_esc(w)}</p>' for w in result.warnings)
+
+    # why units were kept or dropped
+    h.append("<h2>Why units were kept or dropped</h2>")
+    h.append('<table class="reasons">\n<tr><th>Reason</th><th>Units</th><th>Meaning</th></tr>')
+    h.extend(
+        f'<tr><td><code>{_esc(code)}</code></td><td class="num">{n}</td><td>{_esc(REASONS.get(code, code))}</td></tr>'
+        for code, n in sorted(explanation.reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
+    h.append("</table>")
 
     # order before / after
     h.append("<h2>Document order: before → after</h2>")
@@ -272,13 +290,14 @@ def render_html(
         h.append(f'<article class="doc {"kept" if kept else "dropped"}">')
         id_part = f'<span class="id">id {_esc(d.id)}</span>' if d.title and d.id != d.title else ""
         h.append(f"<h3>{pos}{_esc(_name(d))}{id_part}</h3>")
-        n_k = sum(u.kept for u in d.units)
+        doc_units = units[d.index].units
+        n_k = sum(u.kept for u in doc_units)
         rel = f"relevance {_fmt(d.raw_score)} raw" + (f", {_fmt(d.score)} calibrated" if result.calibrated else "")
         h.append(
             f'<div class="meta">input #{d.index + 1} · {_esc(rel)} · {d.tokens_before} → {d.tokens_after} tokens '
-            f"· {n_k} of {len(d.units)} sentences kept</div>"
+            f"· {n_k} of {len(doc_units)} sentences kept</div>"
         )
-        h.append(f'<p class="text">{_render_text(original.text, d.units, scale)}</p>')
+        h.append(f'<p class="text">{_render_text(original.text, doc_units, scale)}</p>')
         if d.metadata:
             md = json.dumps(d.metadata, ensure_ascii=False, indent=1, default=str)
             h.append(f'<details><summary>metadata</summary><pre class="md">{_esc(md)}</pre></details>')

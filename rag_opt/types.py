@@ -15,6 +15,7 @@ from rag_opt.errors import InvalidInputError, InvalidInputTypeError
 __all__ = [
     "DEFAULT_ORDERING",
     "DEFAULT_RATIO",
+    "MAX_EXPLAINED_UNITS",
     "ORDERING_NAMES",
     "Budget",
     "Document",
@@ -25,13 +26,43 @@ __all__ = [
     "TIERS",
     "Tier",
     "Timings",
+    "UNIT_REASONS",
     "Unit",
     "UnitKind",
+    "UnitReason",
     "check_ordering",
     "to_documents",
 ]
 
 UnitKind = Literal["title", "sentence", "heading", "list_item", "code", "table", "json"]
+
+UnitReason = Literal[
+    # kept
+    "selected",
+    "fill",
+    "required",
+    "floor",
+    "first",
+    "best_of_document",
+    "antecedent",
+    "title",
+    "heading",
+    "structure",
+    "no_compression",
+    # dropped
+    "budget",
+    "recount",
+    "below_threshold",
+    "document_below_best",
+    "unused",
+]
+"""Why the select stage kept or dropped a unit (:attr:`Unit.reason`), decided where the decision is made
+(:func:`rag_opt.compressors.selection.select`); :data:`rag_opt.explanation.REASONS` says each in words."""
+UNIT_REASONS: tuple[str, ...] = get_args(UnitReason)
+MAX_EXPLAINED_UNITS = 2000
+"""The most units one explanation lists (:func:`rag_opt.explanation.explain_result`, ``explain: true`` on
+``/v1/compress``): documents in input order, each with its units, until this many are listed; the rest are counted,
+not listed."""
 
 OrderingName = Literal[
     "input", "lost_in_the_middle", "relevance", "promote_best", "promote_clear_best", "calibrated", "attention_sort"
@@ -227,6 +258,25 @@ class Unit(BaseModel):
     tokens: int = Field(description="tokens of this unit in the target LLM's tokenizer")
     score: float | None = Field(default=None, description="relevance probability (or raw attention score)")
     kept: bool = True
+    rank: int | None = Field(
+        default=None,
+        description="its place by score among the context's candidate units (1: the best; ties: the earlier "
+        "first), the order selection tries them in; None: a header row (heading, structure), or nothing scored",
+    )
+    reason: UnitReason | None = Field(
+        default=None, description="why it was kept or dropped (rag_opt.explanation.REASONS says each in words)"
+    )
+    needed_by: int | None = Field(
+        default=None,
+        description="for a unit kept with another (an antecedent, a heading, a structure row): the index, in this "
+        "document's units, of a kept unit that needs it",
+    )
+    scored_by: str | None = Field(
+        default=None,
+        description="what scored it: the scorer's method ('probe', 'raw-attention', 'bm25', ...), or "
+        "'lexical-probe' for a lexical-tier decision (the lexical tier ran, or a structured row read by its "
+        "lexical match); None: nothing scored",
+    )
 
 
 class OutputDocument(BaseModel):

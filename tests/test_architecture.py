@@ -125,6 +125,148 @@ def test_no_import_cycles_even_through_deferred_imports() -> None:
     assert not unexpected, f"import cycles: {unexpected}"
 
 
+def _package(module: str) -> str:
+    """The unit of the package-level graph a module belongs to: its subpackage of rag_opt (``rag_opt.orderers``), or
+    itself for a module directly under rag_opt (``rag_opt.pipeline``)."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 and (PKG / parts[1]).is_dir() else module
+
+
+def _is_subpackage(name: str) -> bool:
+    parts = name.split(".")
+    return len(parts) == 2 and (PKG / parts[1]).is_dir()
+
+
+def _package_graph() -> dict[str, dict[str, list[str]]]:
+    """``{package: {package it imports: [the module imports that make the edge]}}``, every import counted: module
+    level, deferred into functions, and under ``if TYPE_CHECKING:`` (a type import is a dependency too)."""
+    files = {_module(p): p for p in PKG.rglob("*.py")}
+    out: dict[str, dict[str, list[str]]] = {_package(m): {} for m in files}
+    for m, p in files.items():
+        tree = ast.parse(p.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("rag_opt"):
+                # ``from rag_opt import telemetry`` imports the module rag_opt.telemetry, not the package's facade
+                subs = [f"{node.module}.{a.name}" for a in node.names]
+                names = [n for n in subs if n in files] + ([node.module] if any(n not in files for n in subs) else [])
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for n in names:
+                if n in files and _package(n) != _package(m):
+                    out[_package(m)].setdefault(_package(n), []).append(f"{m} -> {n}")
+    return out
+
+
+def _cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """The strongly connected groups of more than one node (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return groups
+
+
+def test_no_import_cycles_between_packages() -> None:
+    """rag_opt's subpackages (and its top-level modules) import each other one way only, counting every import:
+    what the scorer and the orderers both read (position profiles, the shipped probes' metadata) lives a floor
+    below both, in rag_opt.artifacts."""
+    graph = _package_graph()
+    # a cycle of top-level modules alone (rag_opt.types, rag_opt.pipeline, ...) is the module-level tests' concern
+    cycles = [group for group in _cycles(graph) if any(_is_subpackage(name) for name in group)]
+    edges = [
+        f"{a} -> {b}: {graph[a][b][:3]}" for group in cycles for a in group for b in group if b in graph.get(a, {})
+    ]
+    assert not cycles, f"package-level import cycles {cycles}:\n" + "\n".join(edges)
+    assert "rag_opt.orderers" not in graph["rag_opt.compressors"], graph["rag_opt.compressors"]["rag_opt.orderers"]
+    for low in ("rag_opt.artifacts", "rag_opt.models", "rag_opt.text"):
+        up = sorted(set(graph[low]) & {"rag_opt.compressors", "rag_opt.orderers", "rag_opt.pipeline"})
+        assert not up, f"{low} imports a package above it: {up}"
+
+
+def test_the_package_cycle_check_finds_a_cycle() -> None:
+    """The check above can fail: a made-up edge back from compressors to orderers closes a cycle."""
+    graph = _package_graph()
+    graph["rag_opt.compressors"]["rag_opt.orderers"] = ["made up"]
+    graph["rag_opt.orderers"].setdefault("rag_opt.compressors", ["made up"])
+    assert any({"rag_opt.compressors", "rag_opt.orderers"} <= set(group) for group in _cycles(graph))
+
+
+MAX_FUNCTION_LINES = 60  # in rag_opt/models/: the hot path reads as small named steps
+
+
+def test_no_function_in_models_is_over_60_lines() -> None:
+    """Every function and method in rag_opt/models/ fits in 60 lines, decorators and docstring included."""
+    long = []
+    for path in sorted((PKG / "models").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                lines = (node.end_lineno or node.lineno) - start + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{_module(path)}.{node.name} (line {node.lineno}): {lines} lines")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
+    return [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and (getattr(n.func, "id", None) == name or getattr(n.func, "attr", None) == name)
+    ]
+
+
+def _function(tree: ast.AST, name: str) -> ast.FunctionDef:
+    return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def test_cache_keys_are_made_in_one_place() -> None:
+    """The optimizer and rag-opt index key a block with the same function (block_key), and nothing else makes a
+    content key: a change to how a key is made reaches both, so an index cannot silently miss."""
+    makers = {
+        _module(path)
+        for path in PKG.rglob("*.py")
+        if _calls(ast.parse(path.read_text(encoding="utf-8")), "encoding_key")
+    }
+    assert makers == {"rag_opt.models.encoding_cache"}, makers
+    cache = ast.parse((PKG / "models" / "encoding_cache.py").read_text(encoding="utf-8"))
+    assert _calls(_function(cache, "block_key"), "encoding_key")
+    assert len(_calls(cache, "encoding_key")) == 1  # block_key's call only
+    index = ast.parse((PKG / "cli" / "index.py").read_text(encoding="utf-8"))
+    assert _calls(_function(index, "key"), "block_key")
+    features = ast.parse((PKG / "models" / "parallel_features.py").read_text(encoding="utf-8"))
+    assert _calls(features, "block_key")
+    for tree in (index, features):  # no key of their own: the template is block_key's
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "PARALLEL_TEMPLATE_ID"]
+
+
 def test_the_runtime_never_imports_training_code() -> None:
     graph = _graph(top_level_only=False)
     for m, deps in graph.items():

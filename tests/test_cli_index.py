@@ -125,6 +125,35 @@ def test_bad_rows_are_reported_with_their_line_and_the_others_indexed(
     assert errors[2] == f"{corpus}, line 5: the document's text is empty"
 
 
+def test_a_row_past_the_servers_limits_is_that_rows_error_and_the_others_are_written(
+    tmp_path: Path,
+    example: tuple[str, list[dict[str, Any]]],
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A huge document among good rows (in the same batch) fails alone, before any model work; the good rows of its
+    batch are written."""
+    _, docs = example
+    huge = {"id": "huge", "title": "Huge", "text": " ".join(d["text"] for d in docs) * 40}
+    corpus = write_corpus(tmp_path / "corpus.jsonl", [docs[0], huge, docs[1]])
+    folder = tmp_path / "c"
+    with caplog.at_level(logging.ERROR, logger="rag_opt.cli.index"):
+        code = main(
+            ["index", "-i", str(corpus), "--cache-dir", str(folder), "--no-progress", "--max-proxy-tokens", "4000"]
+        )
+    assert code == 1
+    assert summary(capsys.readouterr().out).startswith("rag-opt index: indexed 2, skipped-cached 0, failed 1")
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "line 2" in errors[0] and "more than the limit of 4000" in errors[0]
+    assert entries(folder)
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="rag_opt.cli.index"):  # the units limit too
+        code = main(["index", "-i", str(corpus), "--cache-dir", str(folder), "--no-progress", "--max-units", "50"])
+    assert code == 1
+    assert "failed 1" in summary(capsys.readouterr().out)
+    assert any("units" in r.getMessage() and "line 2" in r.getMessage() for r in caplog.records)
+
+
 def test_cache_clear_refuses_a_folder_that_is_not_an_encoding_cache(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pytest
 
+from rag_opt.artifacts.position_profiles import PositionProfile, ProfileStore
 from rag_opt.compressors.features import FeatureLayout, build_doc_features
 from rag_opt.compressors.probe import Probe, shipped_probe
 from rag_opt.errors import ProbeMismatchError, ProfileMismatchError
 from rag_opt.models.extract import AttentionFeatures
 from rag_opt.models.prompt import TEMPLATE_ID
 from rag_opt.orderers import resample_slots, slot_attention_for
-from rag_opt.orderers.profiles import PositionProfile, ProfileStore
 from rag_opt.training.doc_probe import grouped_recall
 
 EMBEDDED = "embedded:smollm2-135m"
@@ -289,6 +289,17 @@ def test_attention_sort_validates_its_head_choice(proxy):
         AttentionSort(proxy, head_pairs=[(proxy.num_layers, 0)])
     with pytest.raises(ValueError, match="rounds"):
         AttentionSort(proxy, rounds=0)
+
+
+def test_the_retrieval_heads_are_those_the_shipped_document_probe_carries() -> None:
+    """Attention sorting reads them from the probe file's metadata (rag_opt.artifacts), not from a built probe."""
+    from rag_opt.artifacts.shipped_probes import retrieval_heads
+
+    heads = retrieval_heads(EMBEDDED)
+    meta = shipped_probe(EMBEDDED, "document").metadata["attention_sort"]  # type: ignore[union-attr]
+    assert heads is not None and heads.view == meta["view"]
+    assert heads.head_pairs == tuple((int(a), int(b)) for a, b in meta["head_pairs"])
+    assert retrieval_heads("no-such-model") is None
 
 
 @pytest.mark.model

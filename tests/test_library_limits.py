@@ -134,3 +134,14 @@ def test_reading_many_new_tokens_is_announced_and_a_servers_scope_turns_the_bar_
     with scope(progress=False):
         assert not progress_shown()
         assert document_pass._progress(10**6) is None
+
+
+def test_friction_messages_name_the_problem():
+    """An unknown option names the closest known one; no documents at all says so (issue 54, item 6)."""
+    import rag_opt
+    from rag_opt.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match=r"'rati' \(did you mean 'ratio'\?\)"):
+        rag_opt.optimize("Which river?", ["The Rhine is a river."], rati=0.5)
+    with pytest.raises(InvalidInputError, match="no documents were given"):
+        rag_opt.optimize("Which river?", [])

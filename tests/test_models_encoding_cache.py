@@ -4,6 +4,7 @@ store tiers (disk, shared) that never take optimization down and never hand out 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
@@ -13,9 +14,11 @@ from rag_opt.errors import InvalidInputError  # noqa: E402
 from rag_opt.models.cache_store import TierCounters, TierStats  # noqa: E402
 from rag_opt.models.encoding_cache import (  # noqa: E402
     EncodingCache,
+    block_key,
     cache_namespace,
     encoding_key,
     resolve_cache,
+    sources_kind,
 )
 from rag_opt.models.kv_codec import FORMATS, EncodedStates, encode_states, from_bytes  # noqa: E402
 
@@ -70,6 +73,25 @@ def test_the_key_changes_with_tokens_model_dtype_depth_and_template():
     for field, other in [("model", "hf:gpt2"), ("dtype", "float32"), ("depth", 15), ("template", "ctx-q-v2")]:
         assert k != encoding_key(ids, **{**BASE, field: other}), field
     assert k != encoding_key(ids, **BASE, kind="prefix")
+
+
+def test_a_block_key_is_the_content_key_entries_were_written_under():
+    """block_key (the one key function of the optimizer and of rag-opt index) is encoding_key with the proxy's name
+    and precision and the parallel template; the pinned digests are those entries written before it existed carry,
+    so an index or a disk tier filled earlier is still found (change them only with the key's version, _FORMAT)."""
+    from types import SimpleNamespace
+
+    proxy: Any = SimpleNamespace(name=BASE["model"], precision=BASE["dtype"])
+    sources = sources_kind([0, 2])
+    for kind in ("block", "prefix", sources):
+        assert block_key([1, 2, 3], proxy, depth=16, kind=kind) == encoding_key([1, 2, 3], **BASE, kind=kind)
+    assert block_key([1, 2, 3], proxy, depth=16) == "e8a59423d19527471bc149499118193195afceb708059728499564324a70ba5f"
+    assert block_key((1, 2, 3), proxy, depth=16, kind="prefix") == (
+        "f2d016a650cc8fbd1bb433300f013846fa0c25356359037f70e4812e346297a4"
+    )
+    assert block_key([1, 2, 3], proxy, depth=16, kind=sources) == (
+        "614b5eb32e81e6475a9e70e77428199e097d2bb974485121ad5e02f3051cd8e3"
+    )
 
 
 def test_the_store_key_holds_the_format_and_the_namespace():

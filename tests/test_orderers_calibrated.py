@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
+from rag_opt.artifacts.position_profiles import PositionProfile, ProfileStore
 from rag_opt.errors import ProfileMismatchError
 from rag_opt.models.prompt import TEMPLATE_ID
 from rag_opt.orderers import CalibratedPlacement, OrderItem, end_placement, placement
-from rag_opt.orderers.profiles import PositionProfile, ProfileStore
 
 
 def _profile(n=5, model="embedded:smollm2-135m", seed=0):

@@ -190,31 +190,51 @@ def test_ordering_without_compression_scores_but_keeps_everything():
 
 
 @pytest.mark.model
-@pytest.mark.parametrize(("dtype", "atol"), [("float32", 1e-4), (None, 1e-2)])  # None: the default (bf16 here)
-def test_optimize_batch_equals_one_call_per_question(dtype, atol):
+@pytest.mark.parametrize("dtype", ["float32", None])  # None: the default (bf16 here)
+def test_optimize_batch_equals_one_call_per_question_bit_for_bit(dtype):
+    """The same input gives the same output: a batch's results are one call's each, kept text and scores exactly,
+    in the default dtype too (issue 52, A6)."""
+    from rag_opt.models.encoding_cache import EncodingCache
+    from rag_opt.pipeline import ContextOptimizer
+
+    examples = hotpot_dev(4)
+    questions = [ex["question"] for ex in examples]
+    documents = [hotpot_docs(ex) for ex in examples]
+    documents[1] = documents[0]  # two questions over one document set
+    for cache in (None, EncodingCache()):
+        opt = ContextOptimizer(dtype=dtype, cache=cache)
+        batched = opt.optimize_batch(questions, documents, ratio=1 / 3)
+        fresh = ContextOptimizer(dtype=dtype, cache=EncodingCache() if cache is not None else None)
+        for q, docs, b in zip(questions, documents, batched, strict=True):
+            one = fresh.optimize(q, docs, ratio=1 / 3)
+            assert b.tier == one.tier == "model" and b.tokens_after <= b.token_budget
+            assert [(d.id, d.text, d.kept_spans) for d in b.documents] == [
+                (d.id, d.text, d.kept_spans) for d in one.documents
+            ]
+            assert [u.score for d in b.documents for u in d.units] == [u.score for d in one.documents for u in d.units]
+            assert [d.score for d in b.documents] == [d.score for d in one.documents]
+    with pytest.raises(ValueError, match="list of queries"):
+        opt.optimize_batch(questions, documents[:2], ratio=1 / 3)
+
+
+@pytest.mark.model
+def test_a_batch_that_shares_passes_stays_close_to_one_call_each():
+    """``share_passes=True``: contexts share forward passes (faster); in bf16 a batch's matrix shapes round
+    differently, so scores differ a little and a near-tie at the budget's edge may flip."""
     from rag_opt.pipeline import ContextOptimizer
 
     examples = hotpot_dev(3)
-    opt = ContextOptimizer(dtype=dtype)
+    opt = ContextOptimizer()
     questions = [ex["question"] for ex in examples]
     documents = [hotpot_docs(ex) for ex in examples]
-    batched = opt.optimize_batch(questions, documents, ratio=1 / 3)
+    batched = opt.optimize_batch(questions, documents, ratio=1 / 3, share_passes=True)
     for q, docs, b in zip(questions, documents, batched, strict=True):
         one = opt.optimize(q, docs, ratio=1 / 3)
-        assert b.tier == one.tier == "model" and b.tokens_after <= b.token_budget
         scores_b = {(d.id, u.start): u.score for d in b.documents for u in d.units}
         scores_one = {(d.id, u.start): u.score for d in one.documents for u in d.units}
         common = sorted(set(scores_b) & set(scores_one))
         assert common
-        np.testing.assert_allclose([scores_b[k] for k in common], [scores_one[k] for k in common], atol=atol)
-        if dtype == "float32":  # the same selection, span for span
-            assert [d.id for d in b.documents] == [d.id for d in one.documents]
-            assert [d.kept_spans for d in b.documents] == [d.kept_spans for d in one.documents]
-            assert b.tokens_after == one.tokens_after
-            continue
-        # bf16: a batch's matrix shapes round differently, so a near-tie at the budget's edge may flip (and the fill
-        # pass then spends the slack on other edge units); any unit kept by one and not the other must score within
-        # the rounding of the lowest score either run kept
+        np.testing.assert_allclose([scores_b[k] for k in common], [scores_one[k] for k in common], atol=5e-2)
         kept_b = {(d.id, u.start) for d in b.documents for u in d.units if u.kept}
         kept_one = {(d.id, u.start) for d in one.documents for u in d.units if u.kept}
         edge = min(min(scores_b[k] for k in kept_b), min(scores_one[k] for k in kept_one))
@@ -222,8 +242,6 @@ def test_optimize_batch_equals_one_call_per_question(dtype, atol):
             score = scores_b.get(k, scores_one.get(k))
             assert score is not None and abs(score - edge) <= 0.05, (k, score, edge)
         assert len(kept_b ^ kept_one) <= 0.3 * len(kept_one)
-    with pytest.raises(ValueError, match="list of queries"):
-        opt.optimize_batch(questions, documents[:2], ratio=1 / 3)
 
 
 def test_lexical_tier_scores_without_any_model():

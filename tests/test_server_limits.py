@@ -141,9 +141,9 @@ async def test_compress_reads_and_answers_a_large_request_off_the_event_loop(mak
         seen["check"] = threading.get_ident()
         return real_check(documents)
 
-    def answer(self: Compressor, job: Any, attempt: Any) -> Any:
+    def answer(self: Compressor, job: Any, attempt: Any, explain: bool = False) -> Any:
         seen["answer"] = threading.get_ident()
-        return real_answer(self, job, attempt)
+        return real_answer(self, job, attempt, explain)
 
     big = [f"Document {i}. " + "Some words here. " * 400 for i in range(20)]  # ~140 KB
     assert len(json.dumps(big)) > INLINE_BYTES

@@ -26,10 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 def main() -> None:
     from common import data_dir
 
+    from rag_opt.artifacts.position_profiles import ProfileStore
     from rag_opt.compressors.doc_relevance import DEFAULT_DOC_BLOCKS
     from rag_opt.compressors.features import BASE_BLOCKS, FeatureLayout
     from rag_opt.models.prompt import TEMPLATE_ID
-    from rag_opt.orderers.profiles import ProfileStore
     from rag_opt.paths import cache_dir
     from rag_opt.training.datasets import read_hotpotqa
     from rag_opt.training.doc_probe import train_doc_probe

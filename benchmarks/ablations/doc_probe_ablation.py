@@ -24,11 +24,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
 from common import data_dir
 
+from rag_opt.artifacts.position_profiles import ProfileStore
 from rag_opt.compressors.features import FeatureLayout
 from rag_opt.compressors.lexical import bm25_scores
 from rag_opt.models.loader import load_proxy_model
 from rag_opt.models.prompt import VIEWS
-from rag_opt.orderers.profiles import ProfileStore
 from rag_opt.paths import cache_dir
 from rag_opt.training.doc_probe import (
     build_doc_training_set,

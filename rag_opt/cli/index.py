@@ -6,8 +6,9 @@ fields are ignored) is segmented into units exactly as :meth:`rag_opt.ContextOpt
 request's documents (:meth:`~rag_opt.text.units.UnitTable.build` in ``--language``), cut into blocks as
 :func:`rag_opt.models.parallel.parallel_prompt` cuts them, and each block's key/value states go through the
 document passes of :mod:`rag_opt.models.document_pass` into the disk tier under the key a request computes
-(:func:`~rag_opt.models.encoding_cache.encoding_key`: the block's token ids, the proxy model, its dtype, the depth
-and the parallel template; the shared prefix's entry too, as :mod:`rag_opt.models.parallel_features` keeps it).
+(:func:`~rag_opt.models.encoding_cache.block_key`, the one key function both use: the block's token ids, the proxy
+model, its dtype, the depth and the parallel template; the shared prefix's entry too, as
+:mod:`rag_opt.models.parallel_features` keeps it).
 A server (``rag-opt serve --encoding parallel --cache-dir DIR``) or a ``ContextOptimizer(encoding="parallel",
 cache=EncodingCache(disk=DIR))`` then reads those documents from the cache: a request costs only its question.
 
@@ -50,6 +51,7 @@ from rag_opt.errors import RagOptError
 from rag_opt.install import install_hint
 from rag_opt.models.cache_disk import DEFAULT_DISK_BYTES
 from rag_opt.models.kv_codec import DEFAULT_FORMAT, FORMATS
+from rag_opt.work import DEFAULT_LIMITS, WorkLimits, check_units, scope
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.models.encoding_cache import EncodingCache
@@ -87,6 +89,8 @@ class DocumentIndexer:
         title_from_text: bool = True,
         cache_format: str | None = None,
         max_bytes: int | None = None,
+        max_units: int | None = DEFAULT_LIMITS.max_units,
+        max_proxy_tokens: int | None = DEFAULT_LIMITS.max_proxy_tokens,
     ) -> None:
         from rag_opt.models.cache_disk import DEFAULT_DISK_BYTES, DiskTier
         from rag_opt.models.encoding_cache import EncodingCache
@@ -130,23 +134,21 @@ class DocumentIndexer:
             depths = {int(layers_of(documents=False)), int(layers_of(documents=True))}
         self.depths = sorted(depths)
         self.batch_tokens = batch_tokens
-        self.model_name = proxy.name
-        self.dtype = proxy.precision
         self.prefix = tuple(prefix_tokens(proxy.tokenizer))
         # as a request cuts documents (the limit does not depend on the question)
         max_tokens = int(getattr(scorer, "max_tokens", optimizer.max_window_tokens))
         self.block_limit = block_limit(proxy, max_tokens)
         self.split_documents = 0  # documents indexed in more than one block
+        # the server's limits, per row: a row past them is that row's error (it would never be read from the cache
+        # by a server with the same limits), checked before any model work, and the other rows are written
+        self.limits = WorkLimits(max_units=max_units, max_proxy_tokens=max_proxy_tokens)
 
     def key(self, ids: Sequence[int], depth: int, kind: str = "block") -> str:
-        """The cache key a request computes for ``ids`` at ``depth`` (mirrors
-        :func:`rag_opt.models.parallel_features.extract_parallel`)."""
-        from rag_opt.models.encoding_cache import encoding_key
-        from rag_opt.models.prompt import PARALLEL_TEMPLATE_ID
+        """The cache key a request computes for ``ids`` at ``depth``: :func:`~rag_opt.models.encoding_cache.block_key`,
+        the one function :func:`rag_opt.models.parallel_features.extract_parallel` keys its blocks with too."""
+        from rag_opt.models.encoding_cache import block_key
 
-        return encoding_key(
-            ids, model=self.model_name, dtype=self.dtype, depth=depth, template=PARALLEL_TEMPLATE_ID, kind=kind
-        )
+        return block_key(ids, self.proxy, depth=depth, kind=kind)
 
     def blocks(self, document: dict[str, Any]) -> list[Block]:
         """``document``'s blocks, segmented and cut as at request time."""
@@ -158,7 +160,9 @@ class DocumentIndexer:
         units = UnitTable.build(  # unit texts need no token counts
             docs, _uncounted, self.language, title_keys=self.title_keys, title_from_text=self.title_from_text
         ).by_document()
-        prompt = parallel_prompt(self.proxy.tokenizer, units, _QUESTION, max_block_tokens=self.block_limit)
+        with scope(limits=self.limits, progress=False):
+            check_units(sum(len(u) for u in units))
+            prompt = parallel_prompt(self.proxy.tokenizer, units, _QUESTION, max_block_tokens=self.block_limit)
         if len(prompt.blocks) > 1:
             self.split_documents += 1
         return list(prompt.blocks)
@@ -454,6 +458,20 @@ def register(sub: Any) -> None:
         help="the disk tier's bound (e.g. 20GiB; least recently used evicted; default 8GiB): the server's "
         "--cache-disk-bytes should match",
     )
+    p.add_argument(
+        "--max-units",
+        type=positive_int,
+        default=DEFAULT_LIMITS.max_units,
+        help="a row with more units (sentences, titles, ...) is that row's error; the server's --max-units (default "
+        f"{DEFAULT_LIMITS.max_units})",
+    )
+    p.add_argument(
+        "--max-proxy-tokens",
+        type=positive_int,
+        default=DEFAULT_LIMITS.max_proxy_tokens,
+        help="a row with more proxy-model tokens is that row's error, before any model work; the server's "
+        f"--max-proxy-tokens (default {DEFAULT_LIMITS.max_proxy_tokens})",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="hide the progress bar")
     p.add_argument("--ray", action="store_true", help="run on Ray Data (needs the ray extra)")
     p.add_argument("--ray-address", help="with --ray: a running Ray cluster (default: a local Ray)")
@@ -485,6 +503,8 @@ def _index(args: argparse.Namespace) -> int:
         layers=args.layers,
         cache_format=args.cache_format,
         max_bytes=args.max_bytes,
+        max_units=args.max_units,
+        max_proxy_tokens=args.max_proxy_tokens,
         **title_kwargs(args),
     )
     print(summary.line(cache_dir))

@@ -214,8 +214,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         from rag_opt.cli.reader_calibration import calibrate_reader
 
         return calibrate_reader(args)
+    from rag_opt.artifacts.position_profiles import ProfileStore
     from rag_opt.models.loader import load_proxy_model
-    from rag_opt.orderers.profiles import ProfileStore
     from rag_opt.training.calibration import estimate_profile, nq_calibration_contexts, plot_profile
 
     if args.n_docs < 1 or args.contexts < 1:

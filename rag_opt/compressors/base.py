@@ -26,6 +26,14 @@ class Scores:
     doc_raw: np.ndarray | None = None  # (n_docs,) document relevance before calibration (best unit score)
     calibrated: bool = False  # ``doc`` is position-calibrated (document probe over calibrated attention)
     calibration_note: str | None = None  # why ``doc`` is not calibrated, when it could have been
+    # (n_units,) bool: the rows whose score is the lexical probe's (a lexical-tier decision: every row when the
+    # lexical tier scored, the structured rows under the model tier); None: none
+    lexical_rows: np.ndarray | None = None
+
+    def scored_by(self, row: int) -> str:
+        """What scored ``row``: the lexical probe for a lexical-tier decision, else :attr:`method`."""
+        lexical = self.lexical_rows is not None and bool(self.lexical_rows[row])
+        return "lexical-probe" if lexical else self.method
 
 
 @runtime_checkable

@@ -4,9 +4,9 @@ The final token's attention to a document, averaged over the small proxy's heads
 document sits (recency), not whether it answers the question. rag-opt therefore
 
 1. subtracts, per layer, head and slot, the attention share a non-relevant document receives in that slot
-   (the calibration profile, :mod:`rag_opt.orderers.profiles`: "found in the middle" applied per head; in log space,
-   i.e. the log ratio of the two shares, which measured more accurate and more even across slots than the plain
-   difference — ``benchmarks/ablations/doc_probe_ablation.py``), and
+   (the calibration profile, :mod:`rag_opt.artifacts.position_profiles`: "found in the middle" applied per head;
+   in log space, i.e. the log ratio of the two shares, which measured more accurate and more even across slots than
+   the plain difference — ``benchmarks/ablations/doc_probe_ablation.py``), and
 2. feeds those calibrated per-head features (final-token and question-token views; lexical features are an
    option, ``doc_lexical``) to a logistic-regression *document probe* trained on NQ questions set aside for
    training (``rag-opt train-doc-probe``).
@@ -29,9 +29,9 @@ from rag_opt.errors import ProbeMismatchError
 __all__ = ["DEFAULT_DOC_BLOCKS", "PARALLEL_DOC_BLOCKS", "document_relevance"]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.artifacts.position_profiles import PositionProfile
     from rag_opt.compressors.probe import Probe
     from rag_opt.models.extract import AttentionFeatures
-    from rag_opt.orderers.profiles import PositionProfile
 
 # position-calibrated attention (the log ratio: the best Recall@3 and the most even across gold positions in
 # 5-fold cross-validation on the NQ train split, benchmarks/ablations/doc_probe_ablation.py), plus — for the first

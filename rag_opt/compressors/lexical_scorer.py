@@ -53,4 +53,5 @@ class LexicalScorer:
     def score(self, question: str, units: UnitTable) -> Scores:
         feats = lexical_features(question, units, word_counts(units))
         unit = np.asarray(self.probe.unit_scores(feats, units), dtype=np.float64)
-        return Scores(unit=unit, doc=units.doc_best(unit), method="lexical-probe")
+        every = np.ones(units.n_units, dtype=bool)
+        return Scores(unit=unit, doc=units.doc_best(unit), method="lexical-probe", lexical_rows=every)

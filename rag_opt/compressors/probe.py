@@ -21,12 +21,12 @@ import json
 import logging
 import math
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rag_opt.artifacts.shipped_probes import shipped_probe_data, shipped_probe_name
 from rag_opt.compressors.features import FeatureLayout
 from rag_opt.errors import DataNotFoundError, ProbeMismatchError
 
@@ -358,11 +358,7 @@ def shipped_probe(model: str, level: str = "unit", encoding: str = "joint") -> P
     ``level="unit"``: the sentence-relevance probe; ``level="document"``: the document relevance probe. Probes of
     the parallel encoding are named ``<model>.parallel.json`` / ``<model>.parallel.doc.json``.
     """
-    suffix = {"unit": ".json", "document": ".doc.json"}[level]
-    if encoding == "parallel":
-        suffix = ".parallel" + suffix
-    name = model.replace(":", "-").replace("/", "-") + suffix
-    res = resources.files("rag_opt") / "probes" / name
-    if not res.is_file():
+    data = shipped_probe_data(model, level, encoding)
+    if data is None:
         return None
-    return Probe.from_dict(json.loads(res.read_text()), source=f"shipped probe {name}")
+    return Probe.from_dict(data, source=f"shipped probe {shipped_probe_name(model, level, encoding)}")

@@ -22,6 +22,13 @@ document's are not candidates at all, so their budget goes to the others; the se
 Nothing that had content is emptied: a document marked ``required`` (a whole tool result, say) keeps at least its
 best unit, taken first, and a context where nothing else would be kept keeps its best unit. When such a unit does
 not fit the budget it is kept whole anyway, over the budget, and :attr:`Selection.over_budget` says by how much.
+
+Every decision is recorded where it is made: :attr:`Selection.reasons` gives each row's
+:data:`~rag_opt.types.UnitReason` (kept by its score, by the fill pass, as a required document's or the context's
+best, as a document's first or best; kept as the antecedent, heading or structure a kept unit needs; dropped for
+the budget, at the recount, below the threshold, with its document far below the best; a header nothing needs),
+:attr:`Selection.needed_by` the kept unit a row was kept for, and :attr:`Selection.rank` the order the candidates
+were tried in.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import numpy as np
 from rag_opt.compressors.context_features import document_links
 from rag_opt.errors import InvalidInputError
 from rag_opt.text.units import UnitTable
+from rag_opt.types import UnitReason
 
 __all__ = ["Selection", "SelectionOptions", "select"]
 
@@ -67,6 +75,9 @@ class Selection:
     over_budget: int = 0  # target tokens kept over the limit (a unit kept whole so as not to empty the context)
     forced: tuple[int, ...] = ()  # rows kept whatever the budget: the best unit of a required document, or of all
     warnings: tuple[str, ...] = ()  # what the result should say: a unit kept over the budget, or below the threshold
+    reasons: tuple[UnitReason, ...] = ()  # (n_units,) why each row was kept or dropped
+    needed_by: np.ndarray | None = None  # (n_units,) int: the kept row a row was kept with (an antecedent, ...); -1
+    rank: np.ndarray | None = None  # (n_units,) int: 1 + a candidate's place by score (the order tried); 0: none
 
     @property
     def kept_docs(self) -> list[int]:
@@ -89,20 +100,31 @@ def select(
     With neither (or no scores), everything is kept. ``count`` counts target-LLM tokens. ``doc_scores`` (one
     relevance per document, higher is better) is needed by ``options.drop_below_best`` only.
     """
+    rank = _ranks(units, scores)
     if scores is None or (limit is None and threshold is None):
         everything = np.ones(units.n_units, dtype=bool)
         whole = [_render(units, d, everything, count, any_row=True) for d in range(units.n_docs)]
         has_text = np.bincount(units.doc[units.start >= 0], minlength=units.n_docs) > 0
-        return Selection(everything, has_text, tuple(t for t, _ in whole), np.asarray([n for _, n in whole], np.int64))
+        tokens = np.asarray([n for _, n in whole], np.int64)
+        uncut: UnitReason = "no_compression"
+        every = (uncut,) * units.n_units
+        no_one = np.full(units.n_units, -1, dtype=np.int64)
+        return Selection(
+            everything, has_text, tuple(t for t, _ in whole), tokens, reasons=every, needed_by=no_one, rank=rank
+        )
     notes: list[str] = []
+    why: list[UnitReason | None] = [None] * units.n_units
     if options.drop_below_best is not None:
+        was = units.candidate
         units, note = _drop_far_below_best(units, doc_scores, options.drop_below_best, options.drop_keeps_bridges)
         notes += [note] if note else []
+        for r in np.flatnonzero(was & ~units.candidate).tolist():
+            why[r] = "document_below_best"
     header = ~units.candidate
     needs = _header_needs(units, antecedents=options.keep_antecedents)
     score = np.asarray(scores, dtype=np.float64)
     forced = _required_best(units, score)
-    kept = _greedy(units, np.where(header, -np.inf, score), needs, limit, threshold, options, forced)
+    kept = _greedy(units, np.where(header, -np.inf, score), needs, limit, threshold, options, forced, why)
     is_forced = np.zeros(units.n_units, dtype=bool)
     is_forced[list(forced)] = True
     rendered = [_render(units, d, kept, count) for d in range(units.n_docs)]
@@ -114,6 +136,7 @@ def select(
                 break
             worst = int(min(live, key=lambda i: (score[i], -i)))
             kept[worst] = False
+            why[worst] = "recount"
             d = int(units.doc[worst])
             rows = units.rows(d)
             needed = {h for r in rows if kept[r] and not header[r] for h in needs[r]}
@@ -122,12 +145,14 @@ def select(
                     kept[r] = r in needed
             rendered[d] = _render(units, d, kept, count)
             doc_tokens[d] = rendered[d][1]
-        _fill(units, score, needs, kept, rendered, doc_tokens, count, limit, threshold)
+        _fill(units, score, needs, kept, rendered, doc_tokens, count, limit, threshold, why)
     floor = not (kept & ~header).any() and bool(units.candidate.any())
     if floor:  # nothing fits: the context keeps its best unit
         best = _best(units, score, np.flatnonzero(units.candidate))
         forced = (best,)
+        _mark_antecedents(units, needs[best], kept, why)
         kept[[best, *needs[best]]] = True
+        why[best] = "floor"
         d = int(units.doc[best])
         rendered[d] = _render(units, d, kept, count)
         doc_tokens[d] = rendered[d][1]
@@ -143,16 +168,75 @@ def select(
     over = max(0, int(doc_tokens.sum()) - limit) if limit is not None else 0
     warnings: list[str] = notes
     if over:
-        why = "so that the context is not emptied" if floor else "so that a required document keeps some text"
+        because = "so that the context is not emptied" if floor else "so that a required document keeps some text"
         largest = max(int(units.tokens[r]) for r in forced)
         warnings.append(
             f"over the budget by {over} tokens: a unit of {largest} tokens that does not fit the budget of {limit} "
-            f"was kept whole, {why}"
+            f"was kept whole, {because}"
         )
     elif floor and limit is None:
         warnings.append("no unit reached the threshold: the best one was kept, so that the context is not emptied")
     texts = tuple(text for text, _ in rendered)
-    return Selection(keep, doc_kept, texts, doc_tokens, over, tuple(forced), tuple(warnings))
+    reasons, needed_by = _settle_reasons(units, score, needs, keep, why, threshold)
+    return Selection(keep, doc_kept, texts, doc_tokens, over, tuple(forced), tuple(warnings), reasons, needed_by, rank)
+
+
+def _ranks(units: UnitTable, scores: np.ndarray | None) -> np.ndarray | None:
+    """1 + each candidate's place by score, best first (ties: the earlier), the order selection tries them in;
+    0 for the other rows. None without scores."""
+    if scores is None:
+        return None
+    score = np.asarray(scores, dtype=np.float64)
+    order = sorted(np.flatnonzero(units.candidate).tolist(), key=lambda i: (-score[i], i))
+    rank = np.zeros(units.n_units, dtype=np.int64)
+    rank[order] = np.arange(1, len(order) + 1)
+    return rank
+
+
+def _mark_antecedents(units: UnitTable, rows: tuple[int, ...], kept: np.ndarray, why: list[UnitReason | None]) -> None:
+    """Record the candidate rows of ``rows`` (what a unit needs) not kept yet as kept for being an antecedent
+    (the other rows a unit needs are headers: :func:`_settle_reasons` names them by their kind)."""
+    for h in rows:
+        if units.candidate[h] and not kept[h]:
+            why[h] = "antecedent"
+
+
+def _settle_reasons(
+    units: UnitTable,
+    score: np.ndarray,
+    needs: list[tuple[int, ...]],
+    keep: np.ndarray,
+    why: list[UnitReason | None],
+    threshold: float | None,
+) -> tuple[tuple[UnitReason, ...], np.ndarray]:
+    """Each row's reason and the kept row it was kept with, from the decisions recorded on the way (``why``)
+    and the rule for headers: a header row is kept exactly when a kept unit needs it (its title, heading,
+    structure), and an antecedent with the unit that needs it. A candidate not kept whose score is under
+    ``threshold`` never could be: below the threshold, whatever the budget."""
+    needed_by = np.full(units.n_units, -1, dtype=np.int64)
+    # the best-scoring kept unit that needs each kept row (the one that would keep it)
+    for r in sorted(np.flatnonzero(keep & units.candidate).tolist(), key=lambda i: (-score[i], i)):
+        for h in needs[r]:
+            if keep[h] and needed_by[h] < 0:
+                needed_by[h] = r
+    out: list[UnitReason] = []
+    for r in range(units.n_units):
+        reason = why[r]
+        if not units.candidate[r] and reason != "document_below_best":
+            reason = _header_reason(units.kind[r]) if keep[r] else "unused"
+        elif not keep[r] and threshold is not None and score[r] < threshold and reason != "document_below_best":
+            reason = "below_threshold"
+        elif reason is None:  # pragma: no cover - every candidate is decided on the way
+            reason = "selected" if keep[r] else "budget"
+        if reason != "antecedent" and not (keep[r] and not units.candidate[r]):
+            needed_by[r] = -1
+        out.append(reason)
+    return tuple(out), needed_by
+
+
+def _header_reason(kind: str) -> UnitReason:
+    """Why a header row of ``kind`` is kept: a kept unit needs its title, heading or structure row."""
+    return "title" if kind == "title" else "heading" if kind == "heading" else "structure"
 
 
 def _best(units: UnitTable, score: np.ndarray, rows: np.ndarray) -> int:
@@ -219,6 +303,7 @@ def _fill(
     count: Callable[[str], int],
     limit: int,
     threshold: float | None,
+    why: list[UnitReason | None],
 ) -> None:
     """Spend what the rendered documents left of ``limit``: try the units not kept, best first, whose counted cost
     (headers included, less one token for the merge at a unit boundary) fits the slack; keep each whose document,
@@ -241,6 +326,8 @@ def _fill(
         text, tokens = _render(units, d, trial, count)
         added = tokens - int(doc_tokens[d])
         if added <= slack:
+            _mark_antecedents(units, needs[i], kept, why)
+            why[i] = "fill"
             kept[:] = trial
             rendered[d] = (text, tokens)
             doc_tokens[d] = tokens
@@ -288,29 +375,35 @@ def _greedy(
     threshold: float | None,
     options: SelectionOptions,
     forced: tuple[int, ...] = (),
+    why: list[UnitReason | None] | None = None,
 ) -> np.ndarray:
+    """The greedy pass; records in ``why`` each row's reason as it is decided."""
     kept = np.zeros(units.n_units, dtype=bool)
     used = 0
+    why = [None] * units.n_units if why is None else why
 
-    def take(i: int, force: bool = False, with_needs: tuple[int, ...] | None = None) -> None:
+    def take(i: int, reason: UnitReason, force: bool = False, with_needs: tuple[int, ...] | None = None) -> None:
         nonlocal used
         required = needs[i] if with_needs is None else with_needs
         cost = int(units.tokens[i]) + sum(int(units.tokens[h]) for h in required if not kept[h])
         if limit is not None and used + cost > limit and not force:
+            why[i] = "budget"
             return
+        _mark_antecedents(units, required, kept, why)
         for h in required:
             kept[h] = True
         kept[i] = True
+        why[i] = reason
         used += cost
 
     for i in forced:
-        take(i, force=True)
+        take(i, "required", force=True)
     order = sorted(np.flatnonzero(units.candidate).tolist(), key=lambda i: (-score[i], i))
     if options.keep_first:
         for d in range(units.n_docs):
             first = next((r for r in units.rows(d) if units.candidate[r]), None)
             if first is not None and not kept[first]:
-                take(first)
+                take(first, "first")
     if options.keep_best_per_doc:
         # each document's best unit that fits (its best when it fits: a unit kept with what it needs — a title,
         # an antecedent — may not), documents in the order of their best score
@@ -320,7 +413,7 @@ def _greedy(
             if d in done:
                 continue
             if not kept[i]:
-                take(i)
+                take(i, "best_of_document")
             if kept[i]:
                 done.add(d)
         # a document none of whose units fits with its antecedent keeps its best unit that fits without it: the
@@ -330,15 +423,15 @@ def _greedy(
             for i in order:
                 d = int(units.doc[i])
                 if d not in done and not kept[i]:
-                    take(i, with_needs=bare[i])
+                    take(i, "best_of_document", with_needs=bare[i])
                     if kept[i]:
                         done.add(d)
     for i in order:
         if kept[i]:
             continue
         if threshold is not None and score[i] < threshold:
-            break  # sorted by score: nothing later passes either
-        take(i)
+            break  # sorted by score: nothing later passes either (below_threshold: _settle_reasons)
+        take(i, "selected")
     return kept
 
 

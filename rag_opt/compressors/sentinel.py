@@ -30,16 +30,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rag_opt.artifacts.position_profiles import PositionProfile, ProfileStore
 from rag_opt.compressors.base import Scores
 from rag_opt.compressors.doc_relevance import document_relevance
 from rag_opt.compressors.document_orders import mean_log_odds, reversed_documents, to_original
 from rag_opt.compressors.features import SENTENCE_BLOCKS, build_features
 from rag_opt.compressors.probe import Probe, shipped_probe, sigmoid
-from rag_opt.compressors.structured import with_lexical_rows
+from rag_opt.compressors.structured import structured_rows, with_lexical_rows
 from rag_opt.errors import InvalidInputError, ProbeMismatchError
 from rag_opt.models.extract import AttentionFeatures, extract, extract_batch
 from rag_opt.models.prompt import template_for
-from rag_opt.orderers.profiles import PositionProfile, ProfileStore
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.compressors.lexical_scorer import LexicalScorer
@@ -273,6 +273,7 @@ class SentinelCompressor:
             doc_raw=doc_raw,
             calibrated=calibrated,
             calibration_note=note,
+            lexical_rows=rows if (rows := structured_rows(units)).any() else None,
         )
 
     def _lexical(self, question: str, units: UnitTable) -> np.ndarray:
@@ -309,6 +310,7 @@ def _merge(first: Scores, second: Scores, rows: np.ndarray) -> Scores:
         doc_raw=raw,
         calibrated=first.calibrated and second.calibrated,
         calibration_note=first.calibration_note or second.calibration_note,
+        lexical_rows=first.lexical_rows,
     )
 
 

@@ -412,52 +412,61 @@ class DiskTier(StoreTier):
             self._forget(key)
             self._counters.up = True
             return None
-        name = key + _ENTRY
         try:
-            try:
-                fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, dir_fd=dfd)
-            except FileNotFoundError:
-                self._forget(key)
-                self._counters.up = True
-                return None
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:  # a symbolic link: not an entry, never followed
-                    self._not_an_entry(dfd, key, "a symbolic link")
-                else:
-                    self._fail("read", exc, self._path(key))
-                return None
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-                    os.close(fd)
-                    fd = -1
-                    self._not_an_entry(dfd, key, kind)
-                    return None
-                blob = _read_all(fd, st.st_size)
-                if not blob:
-                    self._log.warning("read:empty", "disk tier entry %s is empty: removed", self._path(key))
-                    self._counters.add(corrupt=1)
-                    self._forget(key)
-                    self._remove(dfd, name)
-                    return None
-                now = time.time()
-                if now - st.st_mtime > _TOUCH_EVERY:  # tell the processes sharing the folder it is in use
-                    try:
-                        os.utime(fd)
-                    except OSError:
-                        pass
-            finally:
-                if fd >= 0:
-                    os.close(fd)
+            read = self._read_entry(dfd, key)
         except OSError as exc:
             self._fail("read", exc, self._path(key))
             return None
         finally:
             os.close(dfd)
+        if read is None:
+            return None
+        blob, now = read
         self._counters.up = True
         self._learn(key, len(blob), now)
         return blob
+
+    def _read_entry(self, dfd: int, key: str) -> tuple[bytes, float] | None:
+        """The bytes of ``key``'s entry in its shard folder ``dfd`` and when they were read, or None: no entry, or
+        something that is not one (counted, logged, removed as fits). Raises OSError for a failed read."""
+        name = key + _ENTRY
+        try:
+            fd = os.open(name, os.O_RDONLY | _O_NOFOLLOW | _O_CLOEXEC | _O_NONBLOCK, dir_fd=dfd)
+        except FileNotFoundError:
+            self._forget(key)
+            self._counters.up = True
+            return None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symbolic link: not an entry, never followed
+                self._not_an_entry(dfd, key, "a symbolic link")
+            else:
+                self._fail("read", exc, self._path(key))
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+                os.close(fd)
+                fd = -1
+                self._not_an_entry(dfd, key, kind)
+                return None
+            blob = _read_all(fd, st.st_size)
+            if not blob:
+                self._log.warning("read:empty", "disk tier entry %s is empty: removed", self._path(key))
+                self._counters.add(corrupt=1)
+                self._forget(key)
+                self._remove(dfd, name)
+                return None
+            now = time.time()
+            if now - st.st_mtime > _TOUCH_EVERY:  # tell the processes sharing the folder it is in use
+                try:
+                    os.utime(fd)
+                except OSError:
+                    pass
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        return blob, now
 
     def _not_an_entry(self, dfd: int, key: str, kind: str) -> None:
         """An entry path that holds something else (a folder, a link, a FIFO): counted (corrupt and an error) and

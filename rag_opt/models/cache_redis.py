@@ -134,7 +134,25 @@ class RedisTier(StoreTier):
         self.write_behind = bool(write_behind)
         self.url = redacted_url(url)  # what logs and reprs show; the password stays in the connection pools only
         self._ttl_ms = max(1, round(self.ttl * 1000))
+        self._connect(url)
+        self._counters = TierCounters(tier=self.name)
+        self._log = RateLimitedLog(logger)
+        self._clock: Callable[[], float] = time.monotonic
+        self._breaker = threading.Lock()
+        self._down_until = 0.0  # 0: up; else the clock time from which one call may probe the store
+        self._probing = False
 
+        self._cv = threading.Condition()
+        self._queue: deque[tuple[str, str, bytes]] = deque()  # (op: "set" | "del", store key, blob)
+        self._queued = 0  # bytes queued or being written
+        self._busy = False  # the writer holds an item
+        self._stopping = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def _connect(self, url: str) -> None:
+        """The connection pools and clients for ``url`` (reads and writes have their own socket timeouts); nothing
+        connects yet. Raises :class:`ConfigurationError` for a URL of another scheme or without the redis client."""
         scheme, sep, rest = url.partition("://")
         real = _SCHEMES.get(scheme.lower()) if sep else None
         if real is None:
@@ -172,21 +190,6 @@ class RedisTier(StoreTier):
             redis.exceptions.TimeoutError,
             OSError,
         )
-
-        self._counters = TierCounters(tier=self.name)
-        self._log = RateLimitedLog(logger)
-        self._clock: Callable[[], float] = time.monotonic
-        self._breaker = threading.Lock()
-        self._down_until = 0.0  # 0: up; else the clock time from which one call may probe the store
-        self._probing = False
-
-        self._cv = threading.Condition()
-        self._queue: deque[tuple[str, str, bytes]] = deque()  # (op: "set" | "del", store key, blob)
-        self._queued = 0  # bytes queued or being written
-        self._busy = False  # the writer holds an item
-        self._stopping = False
-        self._closed = False
-        self._thread: threading.Thread | None = None
 
     def __repr__(self) -> str:
         return f"RedisTier({self.url!r}, namespace={self.namespace!r})"

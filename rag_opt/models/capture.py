@@ -25,6 +25,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from rag_opt.work import checkpoint
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -113,6 +115,7 @@ def _rows_attention(
 
     capture = _ACTIVE.get()
     if capture is not None:
+        checkpoint()  # layer by layer: a long pass stops within a layer of its caller giving up (rag_opt.work)
         index = int(getattr(module, "layer_idx", len(capture.sums)))
         if capture.past is not None:  # a question pass: its own states go into the room after the cached ones
             past_k, past_v = capture.past[index]

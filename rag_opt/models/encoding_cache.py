@@ -2,7 +2,8 @@
 
 A block's encoding depends only on its token ids and on how it was computed, so the *content key* is a SHA-256 of
 the block's token ids, the proxy model, its dtype, the depth (layers computed) and the prompt template
-(:func:`encoding_key`). What the cache stores under it is an :class:`~rag_opt.models.kv_codec.EncodedStates`: the
+(:func:`encoding_key`; a parallel-encoding entry's is made by :func:`block_key`, for the optimizer and the index
+alike). What the cache stores under it is an :class:`~rag_opt.models.kv_codec.EncodedStates`: the
 states in the cache's *format* (:mod:`rag_opt.models.kv_codec`: the model's dtype, or keys and values quantized).
 The format and the cache's namespace (a tenant's, :func:`cache_namespace`) are hashed with the content key into the
 *store key* (:meth:`EncodingCache.store_key`): entries of two formats or two tenants never mix.
@@ -40,14 +41,18 @@ from typing import TYPE_CHECKING, Any
 from rag_opt.errors import InvalidInputError
 from rag_opt.models.cache_store import RateLimitedLog, StoreTier, TierStats
 from rag_opt.models.kv_codec import DEFAULT_FORMAT, EncodedStates, KVFormat, encode_states, from_bytes, resolve_format
+from rag_opt.models.prompt import PARALLEL_TEMPLATE_ID
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+
+    from rag_opt.models.loader import ProxyModel
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "CacheStats",
     "EncodingCache",
+    "block_key",
     "cache_namespace",
     "current_namespace",
     "encoding_key",
@@ -91,6 +96,19 @@ def encoding_key(ids: Sequence[int], *, model: str, dtype: str, depth: int, temp
     h.update(f"{_FORMAT}\0{kind}\0{model}\0{dtype}\0{depth}\0{template}\0".encode())
     h.update(np.asarray(ids, dtype="<u4").tobytes())
     return h.hexdigest()
+
+
+def block_key(ids: Sequence[int], proxy: ProxyModel, *, depth: int, kind: str = "block") -> str:
+    """The content key of one parallel-encoding entry, made here only: the optimizer reads and writes its blocks under
+    it (:func:`rag_opt.models.parallel_features.extract_parallel`) and ``rag-opt index`` writes them
+    (:meth:`rag_opt.cli.index.DocumentIndexer.key`), so what the index writes is what a request looks up.
+
+    :func:`encoding_key` of ``ids`` with ``proxy``'s name and precision, ``depth`` and the parallel template; ``kind``:
+    ``"block"`` (a block's states), ``"prefix"`` (the shared prefix's) or :func:`sources_kind` (a block's source
+    queries)."""
+    return encoding_key(
+        ids, model=proxy.name, dtype=proxy.precision, depth=depth, template=PARALLEL_TEMPLATE_ID, kind=kind
+    )
 
 
 def sources_kind(ends: Sequence[int]) -> str:

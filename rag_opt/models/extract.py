@@ -361,7 +361,9 @@ def _plan_windows(
     """Group (doc, unit_start, unit_end) pieces into windows that fit ``max_tokens`` with the question."""
     all_units = [u for units in docs for u in units]
     if not all_units:
-        raise InvalidInputError("no context to score: every document is empty")
+        raise InvalidInputError(
+            "no context to score: " + ("no documents were given" if not docs else "every document is empty")
+        )
     lengths_flat = [len(x) for x in proxy.tokenizer(all_units, add_special_tokens=False)["input_ids"]]
     check_proxy_tokens(sum(lengths_flat))  # before any forward pass (rag_opt.work)
     overhead = len(proxy.tokenizer(CONTEXT_PREFIX + QUESTION_PREFIX + question + ANSWER_SUFFIX)["input_ids"]) + 8

@@ -150,7 +150,7 @@ class EncodedStates:
             return raw[0, :depth].to(dtype or self.dtype)
         layers = min(depth, self.shape[1])
         out = torch.empty((layers, *self.shape[2:]), dtype=dtype or self.dtype)
-        _dequant_keys(self.tensors, self.format.key_bits, self.shape, layers, out, self.format.key_group)
+        _dequant_keys(self.tensors, self.format.key_bits, self.shape, layers, out, self.format.key_group, self.dtype)
         return out
 
     def decode_into(self, out: torch.Tensor, depth: int) -> None:
@@ -163,9 +163,9 @@ class EncodedStates:
             out.copy_(raw[:, :depth])
             return
         f = self.format
-        _dequant_keys(self.tensors, f.key_bits, self.shape, depth, out[0], f.key_group)
+        _dequant_keys(self.tensors, f.key_bits, self.shape, depth, out[0], f.key_group, self.dtype)
         stored = min(depth, self.shape[1] - 1)  # the last layer's values are not stored (see encode_states)
-        _dequant_values(self.tensors, f.value_bits, self.shape, stored, out[1, :stored])
+        _dequant_values(self.tensors, f.value_bits, self.shape, stored, out[1, :stored], self.dtype)
         out[1, stored:depth].zero_()
 
     # -- serialization -----------------------------------------------------------------------------------------
@@ -282,16 +282,27 @@ def _quant(x: torch.Tensor, bits: int, *, dim: int, prefix: str, out: dict[str, 
 
 
 def _dequant(
-    tensors: Mapping[str, torch.Tensor], prefix: str, bits: int, d: int, depth: int, out: torch.Tensor
+    tensors: Mapping[str, torch.Tensor],
+    prefix: str,
+    bits: int,
+    d: int,
+    depth: int,
+    out: torch.Tensor,
+    dtype: torch.dtype,
 ) -> None:
     if bits == 16:
         out.copy_(tensors[prefix][:depth])
         return
-    codes = _unpack(tensors[prefix][:depth], bits, d)
-    scale = tensors[prefix + "_scale"][:depth].to(out.dtype)  # small: converted once, not per element
-    lo = tensors[prefix + "_min"][:depth].to(out.dtype)
-    out.copy_(codes)  # uint8 → out's float dtype
-    out.mul_(scale).add_(lo)
+    scale = tensors[prefix + "_scale"][:depth].float()  # small: converted once, not per element
+    lo = tensors[prefix + "_min"][:depth].float()
+    _rounded_into(out, _unpack(tensors[prefix][:depth], bits, d).float().mul_(scale).add_(lo), dtype)
+
+
+def _rounded_into(out: torch.Tensor, values: torch.Tensor, dtype: torch.dtype) -> None:
+    """``values`` (float32) rounded to ``dtype`` (the model's) and written into ``out`` (any float dtype): a float32
+    question buffer reads exactly what a buffer in the model's dtype does, so one question alone and the same question
+    in a batch read the same states."""
+    out.copy_(values if dtype == values.dtype else values.to(dtype))
 
 
 def _quant_grouped(x: torch.Tensor, bits: int, group: int, *, prefix: str, out: dict[str, torch.Tensor]) -> None:
@@ -319,20 +330,28 @@ def _quant_grouped(x: torch.Tensor, bits: int, group: int, *, prefix: str, out: 
 
 
 def _dequant_grouped(
-    tensors: Mapping[str, torch.Tensor], prefix: str, bits: int, d: int, group: int, depth: int, out: torch.Tensor
+    tensors: Mapping[str, torch.Tensor],
+    prefix: str,
+    bits: int,
+    d: int,
+    group: int,
+    depth: int,
+    out: torch.Tensor,
+    dtype: torch.dtype,
 ) -> None:
-    """Decode :func:`_quant_grouped`'s codes into ``out`` (depth, H, T, d), in place (any strides)."""
-    out.copy_(_unpack(tensors[prefix][:depth], bits, d))
-    scale = tensors[prefix + "_scale"][:depth].to(out.dtype)  # (depth, H, G, d)
-    lo = tensors[prefix + "_min"][:depth].to(out.dtype)
-    t = out.shape[2]
+    """Decode :func:`_quant_grouped`'s codes into ``out`` (depth, H, T, d) (any strides), rounded to ``dtype``."""
+    x = _unpack(tensors[prefix][:depth], bits, d).float()
+    scale = tensors[prefix + "_scale"][:depth].float()  # (depth, H, G, d)
+    lo = tensors[prefix + "_min"][:depth].float()
+    t = x.shape[2]
     full = t // group
     if full:
-        body = out[:, :, : full * group].unflatten(2, (full, group))  # a view: writes reach ``out``
+        body = x[:, :, : full * group].unflatten(2, (full, group))  # a view: writes reach ``x``
         body.mul_(scale[:, :, :full, None]).add_(lo[:, :, :full, None])
     if t > full * group:
-        tail = out[:, :, full * group :]
+        tail = x[:, :, full * group :]
         tail.mul_(scale[:, :, full, None]).add_(lo[:, :, full, None])
+    _rounded_into(out, x, dtype)
 
 
 def _dequant_keys(
@@ -341,18 +360,24 @@ def _dequant_keys(
     shape: tuple[int, ...],
     depth: int,
     out: torch.Tensor,
-    group: int = 0,
+    group: int,
+    dtype: torch.dtype,
 ) -> None:
     if group and bits != 16:
-        _dequant_grouped(tensors, "k", bits, shape[4], group, depth, out)
+        _dequant_grouped(tensors, "k", bits, shape[4], group, depth, out, dtype)
     else:
-        _dequant(tensors, "k", bits, shape[4], depth, out)
+        _dequant(tensors, "k", bits, shape[4], depth, out, dtype)
 
 
 def _dequant_values(
-    tensors: Mapping[str, torch.Tensor], bits: int, shape: tuple[int, ...], depth: int, out: torch.Tensor
+    tensors: Mapping[str, torch.Tensor],
+    bits: int,
+    shape: tuple[int, ...],
+    depth: int,
+    out: torch.Tensor,
+    dtype: torch.dtype,
 ) -> None:
-    _dequant(tensors, "v", bits, shape[4], depth, out)
+    _dequant(tensors, "v", bits, shape[4], depth, out, dtype)
 
 
 def _quant_symmetric(x: torch.Tensor, bits: int, *, out: dict[str, torch.Tensor]) -> None:

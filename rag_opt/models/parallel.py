@@ -164,7 +164,9 @@ def parallel_prompt(
     if not question.strip():
         raise InvalidInputError("question is empty")
     if not any(len(u) for u in docs):
-        raise InvalidInputError("no context to score: every document is empty")
+        raise InvalidInputError(
+            "no context to score: " + ("no documents were given" if not docs else "every document is empty")
+        )
     q_ids, q_rows = question_tokens(tokenizer, question)
     blocks: list[Block] = []
     first = 0

@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rag_opt.models.document_pass import encode_blocks, encode_blocks_with_sources
-from rag_opt.models.encoding_cache import EncodingCache, encoding_key, sources_kind
+from rag_opt.models.encoding_cache import EncodingCache, block_key, sources_kind
 from rag_opt.models.extract import AttentionFeatures
 from rag_opt.models.kv_codec import DEFAULT_FORMAT, EncodedStates, encode_states
-from rag_opt.models.parallel import Block, ParallelPrompt, parallel_prompt
+from rag_opt.models.parallel import ParallelPrompt, parallel_prompt
 from rag_opt.models.parallel_cross import cross_reads
-from rag_opt.models.prompt import PARALLEL_TEMPLATE_ID, VIEWS
+from rag_opt.models.prompt import VIEWS
 from rag_opt.models.question_pass import QuestionPass, run_question_passes
 from rag_opt.work import check_proxy_tokens, checkpoint
 
@@ -52,7 +53,18 @@ def extract_parallel(
 
     ``cross``: also the cross-document reading (:mod:`rag_opt.models.parallel_cross`): each block's source
     queries are cached with it (their own entry); a block cached without them is encoded again."""
+    prompts = _cut_contexts(proxy, contexts, max_tokens)
+    found = _Encodings(cache, _ContextKeys.of(proxy, prompts, layers, cross))
+    hits, misses = _encode_missing(proxy, prompts, found, layers, batch_tokens)
+    rows = [QuestionPass(p, found.parts(c)) for c, p in enumerate(prompts)]
+    return _read_questions(proxy, rows, found, hits, misses, layers)
 
+
+def _cut_contexts(
+    proxy: ProxyModel, contexts: Sequence[tuple[Sequence[Sequence[str]], str]], max_tokens: int
+) -> list[ParallelPrompt]:
+    """Each context cut into blocks, as every request cuts it (:func:`block_limit`), each checked against the
+    limits of :mod:`rag_opt.work` before any forward pass."""
     prompts: list[ParallelPrompt] = []
     limit = block_limit(proxy, max_tokens)
     for docs, question in contexts:
@@ -62,87 +74,162 @@ def extract_parallel(
         # before any forward pass (rag_opt.work): the blocks and the question pass
         check_proxy_tokens(sum(len(b.ids) for b in prompt.blocks) + len(prompt.question_ids))
         prompts.append(prompt)
-    prefix = prompts[0].prefix
-    model, dtype = proxy.name, proxy.precision
+    return prompts
 
-    def key(ids: Sequence[int], kind: str = "block") -> str:
-        return encoding_key(ids, model=model, dtype=dtype, depth=layers, template=PARALLEL_TEMPLATE_ID, kind=kind)
 
-    states: dict[str, EncodedStates] = {}
-    queries: dict[str, EncodedStates] = {}  # cross: each block's source queries, by its sources key
-    keys = [[key(block.ids) for block in prompt.blocks] for prompt in prompts]  # each block's, hashed once
-    # with cross, a block's encoding is wanted with its source queries, which are read at each unit's last token:
-    # keyed by the tokens and the units' ends (the same tokens cut into other units are another entry)
-    source_keys = [[key(b.ids, sources_kind(b.ends)) for b in prompt.blocks] for prompt in prompts] if cross else []
+@dataclass
+class _ContextKeys:
+    """The cache keys of a batch's entries (:func:`~rag_opt.models.encoding_cache.block_key`), each hashed once:
+    ``blocks[c][b]`` block ``b`` of context ``c``'s states; with cross, ``sources[c][b]`` its source queries, read at
+    each unit's last token (keyed by the tokens and the units' ends: the same tokens cut into other units are another
+    entry); ``prefix`` the shared prefix's states."""
 
-    def found(c: int, b: int) -> bool:
+    blocks: list[list[str]]
+    sources: list[list[str]]
+    prefix: str
+    cross: bool
+
+    @classmethod
+    def of(cls, proxy: ProxyModel, prompts: Sequence[ParallelPrompt], depth: int, cross: bool) -> _ContextKeys:
+        blocks = [[block_key(b.ids, proxy, depth=depth) for b in prompt.blocks] for prompt in prompts]
+        sources = (
+            [[block_key(b.ids, proxy, depth=depth, kind=sources_kind(b.ends)) for b in p.blocks] for p in prompts]
+            if cross
+            else []
+        )
+        return cls(blocks, sources, block_key(prompts[0].prefix, proxy, depth=depth, kind="prefix"), cross)
+
+    @property
+    def wanted(self) -> list[list[str]]:
+        """The key each block is wanted under: with cross, its encoding with its source queries."""
+        return self.sources if self.cross else self.blocks
+
+
+@dataclass
+class _Encodings:
+    """The entries a batch's question passes read, from the cache or just encoded: each block's states by block key,
+    with cross each block's source queries by sources key, and the prefix's states."""
+
+    cache: EncodingCache | None
+    keys: _ContextKeys
+    states: dict[str, EncodedStates] = field(default_factory=dict)
+    queries: dict[str, EncodedStates] = field(default_factory=dict)
+    prefix: EncodedStates | None = None
+
+    def _lookup(self, found: dict[str, EncodedStates], key: str) -> EncodedStates | None:
+        return found[key] if key in found else self.cache.get(key) if self.cache is not None else None
+
+    def cached(self, c: int, b: int) -> bool:
         """Whether block ``b`` of context ``c`` is cached (its states, and with cross its source queries): kept."""
-        k = keys[c][b]
-        tk = source_keys[c][b] if cross else k
-        got = states[k] if k in states else cache.get(k) if cache is not None else None
-        got_q = None
-        if cross and got is not None:
-            got_q = queries[tk] if tk in queries else cache.get(tk) if cache is not None else None
-        if got is None or (cross and got_q is None):
+        k = self.keys.blocks[c][b]
+        tk = self.keys.sources[c][b] if self.keys.cross else k
+        got = self._lookup(self.states, k)
+        got_q = self._lookup(self.queries, tk) if self.keys.cross and got is not None else None
+        if got is None or (self.keys.cross and got_q is None):
             return False
-        states[k] = got
+        self.states[k] = got
         if got_q is not None:
-            queries[tk] = got_q
+            self.queries[tk] = got_q
         return True
 
-    wanted, hits, misses = plan_blocks(source_keys if cross else keys, found)
-    # the blocks to encode, by their sources key (cross) or block key
-    todo: dict[str, Block] = {tk: prompts[c].blocks[b] for tk, (c, b) in wanted.items()}
-    prefix_key = key(prefix, "prefix")
-    prefix_states = cache.get(prefix_key) if cache is not None else None
-    if todo:
-        blocks = list(todo.values())
-        ids = [b.ids for b in blocks]
-        if cross:
-            pre, computed, kept = encode_blocks_with_sources(
-                proxy, prefix, ids, [b.ends for b in blocks], layers, batch_tokens=batch_tokens
-            )
-        else:
-            (pre, computed), kept = encode_blocks(proxy, prefix, ids, layers, batch_tokens=batch_tokens), []
-        if prefix_states is None:
-            prefix_states = _stored(cache, prefix_key, pre)
-        for i, (tk, block) in enumerate(todo.items()):
-            # the entry as the cache stores it (a quantized format changes the states): a cold request reads what
-            # a warm one will, so both give the same answer
-            k = key(block.ids)
-            states[k] = _stored(cache, k, computed[i])
-            if cross:
-                queries[tk] = _stored(cache, tk, kept[i])
-    if prefix_states is None:  # every block was cached, the prefix was not: its own pass
-        _, (pre_alone,) = encode_blocks(proxy, [], [prefix], layers, batch_tokens=batch_tokens)
-        prefix_states = _stored(cache, prefix_key, pre_alone)
-    fmt = cache.format.name if cache is not None else DEFAULT_FORMAT
-    rows = [QuestionPass(p, [prefix_states, *(states[k] for k in keys[c])]) for c, p in enumerate(prompts)]
+    def parts(self, c: int) -> list[EncodedStates]:
+        """What context ``c``'s question pass reads: the prefix's states, then each of its blocks'."""
+        if self.prefix is None:  # pragma: no cover - extract_parallel reads or encodes it first
+            raise RuntimeError("the prefix's states are read before any question pass")
+        return [self.prefix, *(self.states[k] for k in self.keys.blocks[c])]
+
+
+def _encode_missing(
+    proxy: ProxyModel, prompts: Sequence[ParallelPrompt], found: _Encodings, layers: int, batch_tokens: int
+) -> tuple[list[int], list[int]]:
+    """Every entry of the batch in ``found``: the cached ones read, the others encoded (each distinct block once) and
+    cached; returns each context's cache hits and misses (:func:`plan_blocks`)."""
+    wanted, hits, misses = plan_blocks(found.keys.wanted, found.cached)
+    found.prefix = found.cache.get(found.keys.prefix) if found.cache is not None else None
+    if wanted:
+        _encode_blocks(proxy, prompts, wanted, found, layers, batch_tokens)
+    if found.prefix is None:  # every block was cached, the prefix was not: its own pass
+        _, (alone,) = encode_blocks(proxy, [], [prompts[0].prefix], layers, batch_tokens=batch_tokens)
+        found.prefix = _stored(found.cache, found.keys.prefix, alone)
+    return hits, misses
+
+
+def _encode_blocks(
+    proxy: ProxyModel,
+    prompts: Sequence[ParallelPrompt],
+    wanted: dict[str, tuple[int, int]],
+    found: _Encodings,
+    layers: int,
+    batch_tokens: int,
+) -> None:
+    """The blocks :func:`plan_blocks` wants (``wanted key -> (context, block)``) through batched document passes,
+    each kept in the cache and in ``found`` as the cache stores it (a quantized format changes the states: a cold
+    request reads what a warm one will, so both give the same answer); the prefix's states too, unless cached."""
+    blocks = [prompts[c].blocks[b] for c, b in wanted.values()]
+    ids = [b.ids for b in blocks]
+    if found.keys.cross:
+        pre, computed, kept = encode_blocks_with_sources(
+            proxy, prompts[0].prefix, ids, [b.ends for b in blocks], layers, batch_tokens=batch_tokens
+        )
+    else:
+        (pre, computed), kept = encode_blocks(proxy, prompts[0].prefix, ids, layers, batch_tokens=batch_tokens), []
+    if found.prefix is None:
+        found.prefix = _stored(found.cache, found.keys.prefix, pre)
+    for i, (tk, (c, b)) in enumerate(wanted.items()):
+        k = found.keys.blocks[c][b]
+        found.states[k] = _stored(found.cache, k, computed[i])
+        if found.keys.cross:
+            found.queries[tk] = _stored(found.cache, tk, kept[i])
+
+
+def _read_questions(
+    proxy: ProxyModel,
+    rows: Sequence[QuestionPass],
+    found: _Encodings,
+    hits: Sequence[int],
+    misses: Sequence[int],
+    layers: int,
+) -> list[AttentionFeatures]:
+    """Each row's features from batched question passes (:func:`_question_batches`), in ``rows``' order, with its
+    cache hits and misses and, with cross, its cross-document reading."""
+    fmt = found.cache.format.name if found.cache is not None else DEFAULT_FORMAT
     out: list[AttentionFeatures | None] = [None] * len(rows)
-    order = sorted(range(len(rows)), key=lambda i: rows[i].length)
-    batch: list[int] = []
-    for i in [*order, -1]:
-        width = rows[i].length if i >= 0 else 0
-        if batch and (i < 0 or width * (len(batch) + 1) > QUESTION_BATCH_TOKENS):
-            checkpoint()
-            with proxy.lock:
-                capture = run_question_passes(proxy, [rows[j] for j in batch], layers)
-            for b, j in enumerate(batch):
-                feats = _features(prompts[j], [capture.sums[layer][b] for layer in range(layers)])
-                feats.cache_hits, feats.cache_misses = hits[j], misses[j]
-                if cross:
-                    feats.cross, feats.cross_sources = CROSS_READS.get_or_compute(
-                        # the tokens and the units of each block, and the format their states were read in
-                        (fmt, *source_keys[j], prompts[j].question_start),
-                        lambda j=j: cross_reads(  # type: ignore[misc]
-                            proxy, prompts[j], rows[j].parts, [queries[k] for k in source_keys[j]], layers
-                        ),
-                    )
-                out[j] = feats
-            batch = []
-        if i >= 0:
-            batch.append(i)
+    for batch in _question_batches(rows):
+        checkpoint()
+        with proxy.lock:
+            capture = run_question_passes(proxy, [rows[j] for j in batch], layers)
+        for b, j in enumerate(batch):
+            feats = _features(rows[j].prompt, [capture.sums[layer][b] for layer in range(layers)])
+            feats.cache_hits, feats.cache_misses = hits[j], misses[j]
+            if found.keys.cross:
+                feats.cross, feats.cross_sources = _cross_reading(proxy, rows[j], found, j, fmt, layers)
+            out[j] = feats
     return [f for f in out if f is not None]
+
+
+def _question_batches(rows: Sequence[QuestionPass]) -> Iterator[list[int]]:
+    """The rows of each question pass, shortest first, as many per pass as fit :data:`QUESTION_BATCH_TOKENS`
+    (padded to the longest; a row longer than that is a pass of its own)."""
+    batch: list[int] = []
+    for i in sorted(range(len(rows)), key=lambda i: rows[i].length):
+        if batch and rows[i].length * (len(batch) + 1) > QUESTION_BATCH_TOKENS:
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
+def _cross_reading(
+    proxy: ProxyModel, row: QuestionPass, found: _Encodings, c: int, fmt: str, layers: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Context ``c``'s cross-document reading, computed once per document set (:data:`CROSS_READS`): keyed by the
+    tokens and units of each block and the format their states were read in."""
+    sources = found.keys.sources[c]
+    return CROSS_READS.get_or_compute(
+        (fmt, *sources, row.prompt.question_start),
+        lambda: cross_reads(proxy, row.prompt, row.parts, [found.queries[k] for k in sources], layers),
+    )
 
 
 class _CrossReads:

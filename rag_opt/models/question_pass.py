@@ -73,18 +73,47 @@ def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: 
     its keys (:func:`rag_opt.models.capture._question_attention`). The pass still gives the model its 4D mask
     with the explicit position ids: without one, restarting positions would trigger transformers' packed-sequence
     detection. The caller holds ``proxy.lock``."""
-    import torch
-
-    dev = proxy.device
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, r in enumerate(rows):
-        groups.setdefault(tuple(id(p) for p in r.parts), []).append(i)
-    members = list(groups.values())
+    members = _packed(rows)
     lengths = [rows[m[0]].length for m in members]
     questions = [[len(rows[i].prompt.question_ids) for i in m] for m in members]
     c_max, s_max = max(lengths), max(sum(q) for q in questions)
     buf = question_buffer.assemble_states(proxy, [rows[m[0]].parts for m in members], depth, c_max, s_max)
-    past = {layer: (buf[0, layer], buf[1, layer]) for layer in range(depth)}
+    ids, positions, items = _question_inputs(proxy, rows, members, lengths, s_max)
+    capture = Capture(
+        items=items,
+        stop_after=depth - 1 if depth < proxy.num_layers else None,
+        past={layer: (buf[0, layer], buf[1, layer]) for layer in range(depth)},
+        room_at=c_max,
+    )
+    _forward(proxy, capture, ids, positions, question_mask(lengths, questions, proxy.dtype))
+    if len(capture.sums) != depth:
+        raise RuntimeError(
+            f"captured attention from {len(capture.sums)} of {depth} layers: the proxy model's attention "
+            "does not dispatch through transformers' AttentionInterface"
+        )
+    return capture
+
+
+def _packed(rows: Sequence[QuestionPass]) -> list[list[int]]:
+    """The rows of each batch row, in order of first appearance: rows that read the same cached states share one."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(tuple(id(p) for p in r.parts), []).append(i)
+    return list(groups.values())
+
+
+def _question_inputs(
+    proxy: ProxyModel,
+    rows: Sequence[QuestionPass],
+    members: Sequence[Sequence[int]],
+    lengths: Sequence[int],
+    s_max: int,
+) -> tuple[torch.Tensor, torch.Tensor, list[CaptureItem]]:
+    """The pass's token ids and position ids ``(batch rows, s_max)``, each batch row's questions packed one after the
+    other (the rest padding), and what the capture reads for each of ``rows``, in their order."""
+    import torch
+
+    dev = proxy.device
     pad = proxy.tokenizer.pad_token_id
     pad = pad if pad is not None else proxy.tokenizer.eos_token_id or 0
     ids = torch.full((len(members), s_max), int(pad), dtype=torch.long)
@@ -113,13 +142,16 @@ def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: 
                 cached=lengths[b],
             )
             off += q
-    mask = question_mask(lengths, questions, proxy.dtype)
-    capture = Capture(
-        items=[it for it in items if it is not None],
-        stop_after=depth - 1 if depth < proxy.num_layers else None,
-        past=past,
-        room_at=c_max,
-    )
+    return ids, positions, [it for it in items if it is not None]
+
+
+def _forward(
+    proxy: ProxyModel, capture: Capture, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+) -> None:
+    """The model's forward pass under ``capture``, stopped where the capture stops it."""
+    import torch
+
+    dev = proxy.device
     base = getattr(proxy.model, "model", None) or proxy.model.base_model
     with capturing(capture), torch.inference_mode():
         if dev == "cpu":
@@ -128,9 +160,3 @@ def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: 
             base(input_ids=ids.to(dev), position_ids=positions.to(dev), attention_mask=mask.to(dev), use_cache=False)
         except StopForward:
             pass
-    if len(capture.sums) != depth:
-        raise RuntimeError(
-            f"captured attention from {len(capture.sums)} of {depth} layers: the proxy model's attention "
-            "does not dispatch through transformers' AttentionInterface"
-        )
-    return capture

@@ -35,6 +35,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.artifacts.position_profiles import PositionProfile, ProfileStore
     from rag_opt.orderers.attention_sort import AttentionSort
     from rag_opt.orderers.base import (
         ORDERERS,
@@ -47,7 +48,6 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from rag_opt.orderers.calibrated import CalibratedPlacement, placement, resample_slots, slot_attention_for
     from rag_opt.orderers.lost_in_the_middle import LostInTheMiddle, end_placement, rank_scores
-    from rag_opt.orderers.profiles import PositionProfile, ProfileStore
     from rag_opt.orderers.simple import InputOrder, PromoteBest, PromoteClearBest, RelevanceOrder
 
 __getattr__, __dir__ = lazy_module(
@@ -68,8 +68,8 @@ __getattr__, __dir__ = lazy_module(
         "LostInTheMiddle": "rag_opt.orderers.lost_in_the_middle",
         "end_placement": "rag_opt.orderers.lost_in_the_middle",
         "rank_scores": "rag_opt.orderers.lost_in_the_middle",
-        "PositionProfile": "rag_opt.orderers.profiles",
-        "ProfileStore": "rag_opt.orderers.profiles",
+        "PositionProfile": "rag_opt.artifacts.position_profiles",
+        "ProfileStore": "rag_opt.artifacts.position_profiles",
         "InputOrder": "rag_opt.orderers.simple",
         "PromoteBest": "rag_opt.orderers.simple",
         "PromoteClearBest": "rag_opt.orderers.simple",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
+from rag_opt.artifacts.shipped_probes import retrieval_heads
 from rag_opt.errors import InvalidInputError
 from rag_opt.models.extract import extract
 from rag_opt.models.prompt import VIEWS
@@ -84,14 +85,10 @@ class AttentionSort:
     def tuned(cls, proxy: ProxyModel, *, rounds: int = 2, max_tokens: int = 8192) -> AttentionSort:
         """Attention sorting over the model's retrieval heads when they are known (selected on NQ training
         questions and shipped with the model's document probe), else the paper's all-heads average."""
-        from rag_opt.compressors.probe import shipped_probe
-
-        probe = shipped_probe(proxy.name, "document")
-        cfg = (probe.metadata.get("attention_sort") if probe is not None else None) or {}
-        if not cfg:
+        heads = retrieval_heads(proxy.name)
+        if heads is None:
             return cls(proxy, rounds=rounds, max_tokens=max_tokens)
-        pairs = [(int(a), int(b)) for a, b in cfg["head_pairs"]]
-        return cls(proxy, rounds=rounds, view=str(cfg["view"]), head_pairs=pairs, max_tokens=max_tokens)
+        return cls(proxy, rounds=rounds, view=heads.view, head_pairs=list(heads.head_pairs), max_tokens=max_tokens)
 
     @classmethod
     def from_resources(cls, resources: OrdererResources) -> AttentionSort:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar, runtime_checkable
 from rag_opt.types import ORDERING_NAMES, OrderingName, check_ordering
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.artifacts.position_profiles import ProfileStore
     from rag_opt.models.loader import ProxyModel
-    from rag_opt.orderers.profiles import ProfileStore
     from rag_opt.orderers.reader_profiles import ReaderProfileStore
 
 __all__ = [

@@ -4,8 +4,8 @@ The slots are ranked by a profile, and the document of relevance rank r goes int
 
 * the *reader's* profile (:class:`rag_opt.orderers.reader_profiles.ReaderProfile`: its attention or its accuracy
   per slot, ``rag-opt calibrate --reader``) when one exists for the model that reads the context;
-* else the proxy's positional attention profile (:class:`rag_opt.orderers.profiles.PositionProfile`, measured with
-  non-relevant documents in every slot);
+* else the proxy's positional attention profile (:class:`rag_opt.artifacts.position_profiles.PositionProfile`,
+  measured with non-relevant documents in every slot);
 * else end placement.
 
 The result's ``placement_profile`` says which profile placed the documents.
@@ -18,10 +18,10 @@ from typing import ClassVar
 
 import numpy as np
 
+from rag_opt.artifacts.position_profiles import ProfileStore
 from rag_opt.errors import InvalidInputError
 from rag_opt.orderers.base import OrdererResources, Ordering, OrderItem, register_orderer
 from rag_opt.orderers.lost_in_the_middle import checked_scores, end_placement
-from rag_opt.orderers.profiles import ProfileStore
 from rag_opt.orderers.reader_profiles import ReaderProfileStore
 
 __all__ = ["CalibratedPlacement", "placement", "reader_weights_for", "resample_slots", "slot_attention_for"]

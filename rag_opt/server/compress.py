@@ -11,6 +11,10 @@ only translates: the optimization runs through the same :class:`~rag_opt.server.
 completions (worker pool, micro-batching, the lexical tier when the model is saturated, time budget, work
 limits), behind the same key check, body limit and metrics.
 
+With ``explain: true`` the answer adds ``explanation``: every document's units with why each was kept or dropped
+(:func:`rag_opt.explanation.explain_result`, at most :data:`~rag_opt.types.MAX_EXPLAINED_UNITS` listed). With
+``--otel`` each request is an OpenTelemetry span (:mod:`rag_opt.telemetry`).
+
 Outcomes: ``optimized`` / ``optimized_lexical`` (by the proxy model / the lexical tier), ``unchanged`` (the
 budget asked for no compression), ``fail_open`` (the optimizer could not help: the documents come back as sent,
 with ``reason``, as the proxy forwards a chat request unoptimized). Invalid input is a 400 whose OpenAI-style
@@ -24,6 +28,9 @@ body sent with ``Content-Encoding: gzip`` or ``deflate`` is decoded (at most ``-
 else a 413). More than ``--max-documents`` documents is a 413 (``too_many_documents``), answered once the body
 is parsed and before any document is validated or built. Reading the request and building the answer (the
 documents as sent, on fail-open) run off the event loop for large bodies.
+
+A body with ``messages`` is in the other contract this route answers, Headroom's (``{"messages": [...],
+"model"?, "config"?}``, which gateways call): :mod:`rag_opt.server.compress_messages`.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import time
 from typing import Any, Literal
 
 import anyio.to_thread
@@ -39,7 +47,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from rag_opt.errors import InvalidInputError
+from rag_opt.explanation import Explanation, explain_result
 from rag_opt.inputs import check_documents
+from rag_opt.server.compress_messages import MessagesCompressor, is_messages_body, messages_schemas
 from rag_opt.server.engine import Attempt, Engine, Job, TierChoice, overloaded_response
 from rag_opt.server.errors import Overloaded, RequestError, error_response
 from rag_opt.server.pool import off_loop
@@ -48,7 +58,7 @@ from rag_opt.server.settings import BUDGET_FIELDS  # also accepted at the top le
 from rag_opt.server.state import ProxyState
 from rag_opt.server.tenancy import request_namespace
 from rag_opt.text.language import check_language
-from rag_opt.types import Budget, OptimizeResult, OrderingName, Timings, check_ordering
+from rag_opt.types import MAX_EXPLAINED_UNITS, Budget, OptimizeResult, OrderingName, Timings, check_ordering
 
 __all__ = [
     "COMPRESS_PATH",
@@ -136,6 +146,11 @@ class CompressRequest(BaseModel):
         default="auto",
         description="auto: the proxy model, the lexical tier when it cannot take the request (saturated, loading, "
         "over its time budget); model: the proxy model only; lexical: the lexical tier only (no model, milliseconds)",
+    )
+    explain: bool = Field(
+        default=False,
+        description="add explanation: every document's units (character span, kept, score, rank) and why each "
+        f"was kept or dropped, at most {MAX_EXPLAINED_UNITS} units listed (docs/sidecar.md)",
     )
 
     @model_validator(mode="before")
@@ -251,16 +266,36 @@ class CompressResponse(BaseModel):
         description="parallel encoding: document blocks this request encoded (null otherwise, and unless the server "
         "runs with --expose-cache-hits)",
     )
+    explanation: Explanation | None = Field(
+        default=None,
+        description="with explain: true, each document (input order) with its units and why each was kept or "
+        "dropped (null otherwise, and on fail-open)",
+    )
 
 
 def compress_schema() -> dict[str, Any]:
-    """The JSON schema of the request and the response (``docs/compress.schema.json``)."""
+    """The JSON schemas of the request and the response of both contracts (``docs/compress.schema.json``): the
+    documents contract's (``request``, ``response``) and the messages contract's (``messages_request``,
+    ``messages_response``); a body with ``messages`` is in the messages contract."""
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "rag-opt POST /v1/compress",
         "request": CompressRequest.model_json_schema(),
         "response": CompressResponse.model_json_schema(),
+        **messages_schemas(),  # the messages contract (a body with messages), Headroom's
     }
+
+
+def _load(raw: bytes) -> dict[str, Any]:
+    """The request body, parsed as the chat routes parse it (duplicate keys marked); raises RequestError."""
+    try:
+        return load_object(raw)
+    except RequestError:
+        raise
+    except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise RequestError(
+            "the request body is not valid JSON (a number too long to read)", code="invalid_json"
+        ) from None
 
 
 def _output(result: OptimizeResult) -> tuple[list[OutputDocument], list[str]]:
@@ -309,24 +344,17 @@ class Compressor:
     def __init__(self, state: ProxyState, engine: Engine) -> None:
         self.state = state
         self.engine = engine
+        self.messages = MessagesCompressor(state, engine)  # the messages contract (Headroom's)
 
     def _refused(self, message: str, param: str | None, code: str = "invalid_request", status: int = 400) -> Response:
         self.state.metrics.compress_outcome("rejected")
         self.state.metrics.local_error("too_large" if status == 413 else "invalid_request")
         return error_response(status, message, "invalid_request_error", code, param)
 
-    def _read(self, raw: bytes) -> tuple[CompressRequest, list[dict[str, Any]]]:
-        """The request in ``raw`` and its documents as the optimizer takes them, checked; raises
+    def _read(self, data: dict[str, Any]) -> tuple[CompressRequest, list[dict[str, Any]]]:
+        """The request in ``data`` (the parsed body) and its documents as the optimizer takes them, checked; raises
         :class:`~rag_opt.server.errors.RequestError` (a 413 past ``--max-documents``, before any document is
         validated). Runs off the event loop for a large body."""
-        try:
-            data = load_object(raw)  # parsed as the chat routes parse (duplicate keys marked)
-        except RequestError:
-            raise
-        except ValueError:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
-            raise RequestError(
-                "the request body is not valid JSON (a number too long to read)", code="invalid_json"
-            ) from None
         limit = self.state.settings.max_documents
         docs = data.get("documents")
         if isinstance(docs, list) and len(docs) > limit:
@@ -350,12 +378,15 @@ class Compressor:
 
     async def handle(self, request: Request, raw: bytes) -> Response:
         """Answer one compress request whose body is ``raw``."""
-        s = self.state.settings
+        s, t0 = self.state.settings, time.perf_counter()
         try:
             encoding = request.headers.get("content-encoding", "")
             if encoding.strip().lower() not in ("", "identity"):
                 raw = await off_loop(len(raw), lambda: decode_body(raw, encoding, s.max_body_bytes))
-            req, documents = await off_loop(len(raw), lambda: self._read(raw))
+            data = await off_loop(len(raw), lambda: _load(raw))
+            if is_messages_body(data):  # Headroom's contract: {"messages": [...], "model"?, "config"?}
+                return await self.messages.handle(request, data, len(raw))
+            req, documents = await off_loop(len(raw), lambda: self._read(data))
         except RequestError as exc:
             return self._refused(exc.message, exc.param, exc.code, exc.status)
         job = Job(
@@ -378,8 +409,14 @@ class Compressor:
         except Overloaded as exc:  # --on-overload reject, and no lexical tier
             self.state.metrics.compress_outcome("overloaded")
             return overloaded_response(exc, s.time_budget_ms)
+
+        def answer() -> bytes:  # with its span (--otel), under the status it answers
+            out = self._answer(job, attempt, req.explain)
+            self.state.tracing.record(request.headers, out.status, out.reason, attempt.result, t0, COMPRESS_PATH)
+            return out.model_dump_json().encode()
+
         # the answer holds every document (all of them, as sent, on fail-open): built off the loop when large
-        body = await off_loop(len(raw), lambda: self._answer(job, attempt).model_dump_json().encode())
+        body = await off_loop(len(raw), answer)
         return Response(body, media_type="application/json")
 
     async def _check_target(self, target: str) -> Response | None:
@@ -391,7 +428,7 @@ class Compressor:
             return self._refused(f"target: {exc}", "target")
         return None
 
-    def _answer(self, job: Job, attempt: Attempt) -> CompressResponse:
+    def _answer(self, job: Job, attempt: Attempt, explain: bool = False) -> CompressResponse:
         s = self.state.settings
         # the language used: the request's, else the optimizer's own (the server's --language, for the one it built)
         language = job.language or getattr(self.state.optimizer, "language", None) or s.language
@@ -436,6 +473,7 @@ class Compressor:
             timings=CompressTimings(total_ms=ms, optimizer=result.timings),
             warnings=result.warnings,
             placement_profile=result.placement_profile,
+            explanation=explain_result(result) if explain else None,
             **common,
             **reading,
         )

@@ -40,6 +40,7 @@ from rag_opt.models.encoding_cache import cache_namespace
 from rag_opt.server.errors import BudgetExceeded, ErrorFormat, Overloaded, error_response
 from rag_opt.server.pool import off_loop, retry_after_s
 from rag_opt.server.state import ProxyState
+from rag_opt.telemetry import untraced  # the server records its own span per request (--otel)
 from rag_opt.types import Budget
 from rag_opt.work import WorkLimits, scope
 
@@ -247,7 +248,7 @@ class Engine:
         optimizer, limits, settings = state.optimizer, self._limits(), job.settings()
 
         def work() -> OptimizeResult:
-            with scope(limits=limits, progress=False):
+            with scope(limits=limits, progress=False), untraced():
                 return optimizer.optimize(job.query, job.documents, tier="lexical", **settings)  # type: ignore[call-arg]
 
         try:
@@ -301,13 +302,13 @@ class Engine:
         namespace = job.namespace
 
         def one() -> OptimizeResult:
-            with cache_namespace(namespace), scope(limits=limits, progress=False):
+            with cache_namespace(namespace), scope(limits=limits, progress=False), untraced():
                 return optimizer.optimize(job.query, job.documents, **settings)
 
         def batch(items: list[tuple[str, list[dict[str, Any]]]]) -> list[OptimizeResult]:
             """Several questions with the same settings as one ``optimize_batch`` call (one alone: ``optimize``),
             all of one namespace (it is part of the batch's key)."""
-            with cache_namespace(namespace), scope(limits=limits, progress=False):
+            with cache_namespace(namespace), scope(limits=limits, progress=False), untraced():
                 if len(items) == 1:
                     return [optimizer.optimize(items[0][0], items[0][1], **settings)]
                 run = optimizer.optimize_batch  # type: ignore[attr-defined]

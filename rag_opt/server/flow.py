@@ -12,7 +12,8 @@ load all forward the request unoptimized (fail-open). Only an invalid request is
 route's error shape), and an overloaded pool with ``--on-overload reject`` (a 429 with ``Retry-After``). What
 happened is told by the ``x-ragopt-*`` response headers (:class:`Outcome`; ``x-ragopt-over-budget``: the tokens
 kept over the budget, when a unit too large for it was kept whole rather than empty a message) and counted in the
-metrics (the per-model totals of ``/stats`` by the request's model: :meth:`ContextFlow.model_of`). When the
+metrics (the per-model totals of ``/stats`` by the request's model: :meth:`ContextFlow.model_of`) and, with
+``--otel``, recorded as an OpenTelemetry span (:mod:`rag_opt.telemetry`). When the
 proxy model read the context, ``x-ragopt-encoding`` says how, and under parallel encoding, when the operator
 turns them on (``--expose-cache-hits``: they tell a client whether anyone sent a document recently),
 ``x-ragopt-cache-hits`` / ``x-ragopt-cache-misses`` how many document blocks came from the encoding cache and how
@@ -27,8 +28,9 @@ Per-request options (budget, ordering, ``language``, placement) come from the ``
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
@@ -72,6 +74,7 @@ class Outcome:
     cache_hits: int | None = None
     cache_misses: int | None = None
     over_budget: int = 0  # tokens kept over the budget (a unit kept whole rather than empty the context)
+    result: OptimizeResult | None = field(default=None, repr=False)  # what the optimizer answered (for the span)
 
     def read_by_model(self, result: OptimizeResult, counters: bool = True) -> Outcome:
         """Record how the proxy model read ``result``'s context: its encoding and, under parallel encoding with
@@ -125,6 +128,7 @@ class ContextFlow:
     async def handle(self, request: Request, raw: bytes) -> Response:
         """Answer one request whose body is ``raw``."""
         state = self.state
+        t0 = time.perf_counter()
         encoding = request.headers.get("content-encoding", "")
         decoded = encoding.strip().lower() not in ("", "identity")
         if decoded:
@@ -138,6 +142,8 @@ class ContextFlow:
             return prepared
         body, outcome = prepared
         state.metrics.outcome(outcome.status)
+        path = request.scope["path"]  # --otel: the request's span, with its outcome
+        state.tracing.record(request.headers, outcome.status, outcome.reason, outcome.result, t0, path)
         if state.settings.log_bodies and body != raw:
             body_log.info("forwarded body=%s", body_for_log(body, state.secrets))
         drop = frozenset({"content-encoding"}) if decoded else frozenset()
@@ -214,6 +220,7 @@ class ContextFlow:
         status = "optimized_lexical" if lexical else "optimized"
         outcome = Outcome(status, result.tokens_before, result.tokens_after, ms, attempt.reason if lexical else None)
         outcome.over_budget = result.over_budget
+        outcome.result = result
         return body, outcome if lexical else outcome.read_by_model(result, state.settings.expose_cache_hits)
 
     async def _unoptimized(self, plan: ContextPlan, attempt: Attempt) -> tuple[bytes, Outcome]:

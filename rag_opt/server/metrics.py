@@ -73,8 +73,19 @@ OUTCOMES = (
     "overloaded",
 )
 # outcomes of a POST /v1/compress request: "unchanged" = no compression asked for (nothing to score); "fail_open"
-# = the documents returned as they came (the optimizer could not help); "rejected" = a 4xx; "overloaded" = a 429
-COMPRESS_OUTCOMES = ("optimized", "optimized_lexical", "unchanged", "fail_open", "rejected", "overloaded")
+# = the documents returned as they came (the optimizer could not help); "rejected" = a 4xx; "overloaded" = a 429;
+# a messages body (Headroom's contract) also: "no_context", "no_query", "disabled" (the messages returned as sent)
+COMPRESS_OUTCOMES = (
+    "optimized",
+    "optimized_lexical",
+    "unchanged",
+    "no_context",
+    "no_query",
+    "disabled",
+    "fail_open",
+    "rejected",
+    "overloaded",
+)
 TIERS = ("model", "lexical")
 # why the lexical tier ran instead of the proxy model: the pool was overloaded (queue full, estimate over the
 # budget); the time budget ran out first; the proxy model is still loading; the context is over
@@ -337,10 +348,6 @@ class Metrics:
     @property
     def abandoned_finished(self) -> int:
         return int(self.value("ragopt_optimizer_abandoned_finished_total"))
-
-    @property
-    def cancelled_running(self) -> int:
-        return int(self.value("ragopt_optimizer_cancelled_total"))
 
     @property
     def tokens_before(self) -> int:

@@ -306,6 +306,7 @@ class OptimizerPool:
         """
         return await self._wait(_Job(lambda _items: [fn()], record=True), budget_s)
 
+    # the library's batcher is rag_opt.batching.MicroBatcher (no budgets, admission or cancellation: not this pool)
     async def run_batched(self, key: Hashable, item: Any, fn: Callable[[list[Any]], list[T]], budget_s: float) -> T:
         """:meth:`run` for a job that may share one call of ``fn`` with other queued jobs of the same ``key``:
         ``fn(items)`` returns one result per item, in order. A worker that takes such a job waits up to

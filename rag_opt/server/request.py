@@ -51,7 +51,6 @@ __all__ = [
     "json_type",
     "load_object",
     "lone_surrogate",
-    "parse_body",
     "parse_request",
 ]
 
@@ -252,8 +251,8 @@ def parse_request(
     raw: bytes, headers: Mapping[str, str], check: BodyCheck | None = None
 ) -> tuple[dict[str, Any], Options, list[Document]]:
     """The decoded body of a request, its :class:`Options` and the documents of its ``rag_opt`` field (empty
-    without one). ``check``: the route's check of the body's structure (default: a chat completion's, see
-    :func:`parse_body`).
+    without one). ``check``: the route's check of the body's structure (default: a chat completion's,
+    :func:`check_chat_body`).
 
     Raises :class:`~rag_opt.server.errors.RequestError` for an unknown or invalid ``x-ragopt-*`` header (checked
     first), a body that is not a valid request (JSON, an object, then ``check``) or an invalid ``rag_opt``
@@ -334,15 +333,6 @@ def json_type(value: Any) -> str:
     if isinstance(value, dict):
         return "an object"
     return type(value).__name__  # pragma: no cover
-
-
-def parse_body(raw: bytes) -> dict[str, Any]:
-    """Decode a chat completion request body; :class:`~rag_opt.server.errors.RequestError` (an OpenAI-style
-    400) when it is not UTF-8, not JSON, not an object, or its ``messages`` are missing or malformed (see
-    :func:`check_chat_body`)."""
-    body = load_object(raw)
-    check_chat_body(body)
-    return body
 
 
 def check_chat_body(body: dict[str, Any]) -> None:

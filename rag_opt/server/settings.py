@@ -367,6 +367,13 @@ class ProxySettings(BaseModel):
         description="seconds a client may leave an answer unread (the proxy's send buffer full); then its connection "
         "is closed",
     )
+    # observability
+    otel: bool = Field(
+        default=False,
+        description="record an OpenTelemetry span (rag_opt.optimize) per optimized request, a child of its W3C "
+        "traceparent, with tokens, ratio, status, reason, tier, cache hits and stage timings; exporters from the "
+        "standard OTEL_* variables (OTLP by default; needs the otel extra)",
+    )
 
     @property
     def queue_bound(self) -> int:

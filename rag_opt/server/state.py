@@ -13,6 +13,7 @@ from rag_opt.server.security import redact
 from rag_opt.server.settings import ProxySettings
 from rag_opt.server.targets import AllowedTargets
 from rag_opt.server.upstream import Upstream
+from rag_opt.telemetry import SpanRecorder
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.types import OptimizeResult
@@ -136,6 +137,7 @@ class ProxyState:
         self.metrics.encoding_cache = lambda: self.cache
         self.metrics.encoding = lambda: self.encoding
         self.upstream = Upstream(settings, self.metrics, self.secrets)
+        self.tracing = SpanRecorder(settings.otel)  # --otel: a span per request outcome (nothing when off)
         # the target tokenizers a request may name (/v1/compress): only these ever load
         self.targets = AllowedTargets(settings.allowed_targets, settings.target)
         self._lexical_pool: OptimizerPool | None = None
@@ -176,6 +178,8 @@ class ProxyState:
     async def aclose(self) -> None:
         """Close the upstream client and stop the worker pools."""
         await self.upstream.aclose()
+        if self.tracing.on:  # the spans still buffered, exported (with a bound)
+            await off_loop(1 << 20, self.tracing.flush)
         self.pool.shutdown()
         if self._lexical_pool is not None:
             self._lexical_pool.shutdown()

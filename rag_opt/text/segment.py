@@ -51,10 +51,6 @@ class Segment:
         """True for code, tables and JSON: never split into sentences (see :mod:`rag_opt.text.structure`)."""
         return self.kind in _PROTECTED_KINDS
 
-    def text_of(self, text: str) -> str:
-        """The segment's characters in ``text`` (the string it was computed from)."""
-        return text[self.start : self.end]
-
 
 # ----------------------------------------------------------------------------------------------------
 # Line-level structure

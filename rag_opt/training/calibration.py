@@ -1,6 +1,6 @@
 """Estimating position profiles ("found in the middle" calibration), plotting them, and the NQ contexts used.
 
-Training-side code: the runtime only reads profiles (:mod:`rag_opt.orderers.profiles`).
+Training-side code: the runtime only reads profiles (:mod:`rag_opt.artifacts.position_profiles`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rag_opt.artifacts.position_profiles import PositionProfile
 from rag_opt.errors import InvalidInputError
 from rag_opt.models.prompt import TEMPLATE_ID, VIEWS
-from rag_opt.orderers.profiles import PositionProfile
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.models.loader import ProxyModel

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rag_opt.artifacts.position_profiles import PositionProfile
 from rag_opt.compressors.doc_relevance import DEFAULT_DOC_BLOCKS, PARALLEL_DOC_BLOCKS
 from rag_opt.compressors.features import SENTENCE_BLOCKS, FeatureLayout, build_doc_features
 from rag_opt.compressors.probe import Probe
 from rag_opt.errors import InvalidInputError
 from rag_opt.models.extract import AttentionFeatures
 from rag_opt.models.prompt import template_for
-from rag_opt.orderers.profiles import PositionProfile
 from rag_opt.training.feature_cache import FeatureCache, FeatureStore
 from rag_opt.training.logistic import choose_l2, cross_val_scores
 from rag_opt.training.nq_contexts import NQInstance, extract_nq, nq_records, random_positions
@@ -276,9 +276,9 @@ def train_doc_probe_cli(
     (every slot reads alike) and :data:`~rag_opt.compressors.doc_relevance.PARALLEL_DOC_BLOCKS` by default. The
     questions are extracted a few at a time for every N together, over one bounded cache of document encodings, so
     a passage is read once for all the Ns it appears in."""
+    from rag_opt.artifacts.position_profiles import ProfileStore
     from rag_opt.compressors.probe import shipped_probe
     from rag_opt.models.loader import load_proxy_model
-    from rag_opt.orderers.profiles import ProfileStore
 
     template_for(encoding)  # refuses an unknown encoding before the model loads
     parallel = encoding == "parallel"

@@ -1,5 +1,8 @@
 """Position profiles for position-bias calibration ("found in the middle", Hsieh et al. 2024): the runtime side.
 
+Read by the scorer (document relevance, :mod:`rag_opt.compressors.doc_relevance`) and by the orderers (calibrated
+placement, :mod:`rag_opt.orderers.calibrated`), so it sits a floor below both (:mod:`rag_opt.artifacts`).
+
 A :class:`PositionProfile` holds, for one (proxy model, prompt template, number of documents), the attention
 share that each document *slot* receives when every slot holds a non-relevant document — per query view,
 layer and head. Calibrated attention of a document at slot k is its attention share minus the profile's
