@@ -334,6 +334,52 @@ class Bench:
 
 
 # -- statistics -------------------------------------------------------------------------------------------------
+async def livez_latencies(base: str, seconds: float, every: float = 0.25) -> list[float]:
+    """``GET /livez`` every ``every`` seconds for ``seconds``, on a client of its own: each answer's latency (ms)."""
+    out: list[float] = []
+    end = time.perf_counter() + seconds
+    async with httpx.AsyncClient(timeout=30) as client:
+        while time.perf_counter() < end:
+            t = time.perf_counter()
+            try:
+                r = await client.get(f"{base}/livez")
+                if r.status_code == 200:
+                    out.append((time.perf_counter() - t) * 1e3)
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(every)
+    return out
+
+
+def huge_text(sentences: int = 16_000, seed: int = 0) -> str:
+    """About 1 MB of short sentences (the review's A1 request)."""
+    rnd = random.Random(seed)
+    words = "river mountain city honey water treatment winter paper museum station bridge island".split()
+    return " ".join(
+        " ".join(rnd.choice(words) for _ in range(rnd.randint(4, 9))).capitalize() + "." for _ in range(sentences)
+    )
+
+
+async def big_request(base: str, budget_s: float) -> dict[str, Any]:
+    """One ~1 MB single-document ``/v1/compress`` request at the start of the load: its latency against the budget
+    and the tier that answered."""
+    body = {"question": "Which river is it?", "documents": [huge_text()]}
+    async with httpx.AsyncClient(timeout=600) as client:
+        t = time.perf_counter()
+        r = await client.post(f"{base}/v1/compress", json=body)
+        s = time.perf_counter() - t
+    out = r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+    return {
+        "bytes": len(body["documents"][0]),
+        "http": r.status_code,
+        "seconds": s,
+        "within_budget_plus_10pct": s <= 1.1 * budget_s,
+        "status": out.get("status"),
+        "tier": out.get("tier"),
+        "reason": out.get("reason"),
+    }
+
+
 def pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -461,7 +507,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         # 2. load: direct, then through the proxy (closed loop, or open loop at --request-rate)
         loads: dict[str, Load] = {}
         waits_before = parse_metrics(httpx.get(f"{proxy_url}/metrics").text)
+        side: dict[str, Any] = {}
         for name, base in (("direct", up_url), ("proxy", proxy_url)):
+            if name == "proxy":  # the proxy's liveness under the load, and (--big-request) one 1 MB request in it
+                side["livez"] = asyncio.ensure_future(livez_latencies(proxy_url, args.seconds))
+                if args.big_request:
+                    side["big"] = asyncio.ensure_future(big_request(proxy_url, args.time_budget_ms / 1e3))
             if args.request_rate:
                 print(
                     f"load: open loop, {args.request_rate:g} requests/s ({args.arrivals}) for {args.seconds:.0f} s, "
@@ -476,6 +527,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 loads[name] = await bench.load(base, args.clients, args.seconds)
         sampler.stop()
         await sampling
+        livez = await side["livez"] if "livez" in side else []
+        big = await side["big"] if "big" in side else None
         proxy_metrics = parse_metrics(httpx.get(f"{proxy_url}/metrics").text)
         waited = {
             k: proxy_metrics.get(f"ragopt_optimizer_queue_wait_seconds_{k}", 0.0)
@@ -563,6 +616,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             },
             "context_outcomes": {k: summary(v) for k, v in sorted(by_outcome.items())},
             "context_tiers": tier_counts,
+            "livez": {"probes": len(livez), "p50_ms": pct(livez, 50), "p99_ms": pct(livez, 99)},
+            "big_request": big,
         },
         "proxy_optimizer_queue_wait": {
             "optimizations": waited["count"],
@@ -582,7 +637,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "pass_through_added_p50_le_3ms": p50_added is not None and p50_added <= 3.0,
         "context_optimized_ge_95pct": (tier_counts["optimized_share"] or 0.0) >= 0.95,
         "peak_rss_le_1_1_gib": peak is not None and peak <= 1.1 * 1024,
+        "livez_p99_lt_100ms": bool(livez) and (pct(livez, 99) or 0.0) < 100.0,
     }
+    if big is not None:
+        results["targets"]["big_request_within_budget_plus_10pct"] = big["within_budget_plus_10pct"]
     return results
 
 
@@ -661,6 +719,16 @@ def print_report(res: dict[str, Any]) -> None:
         f"  context requests by tier: model {ct['model']}, lexical {ct['lexical']}, fail-open {ct['fail_open']}, "
         f"other {ct['other']} of {ct['context_requests']}: {fmt((ct['optimized_share'] or 0) * 100)} % optimized"
     )
+    lz = L.get("livez") or {}
+    if lz.get("probes"):
+        p50, p99 = fmt(lz["p50_ms"], " ms"), fmt(lz["p99_ms"], " ms")
+        print(f"/livez under load: {lz['probes']} probes, p50 {p50}, p99 {p99}")
+    big = L.get("big_request")
+    if big:
+        print(
+            f"one {big['bytes'] / 1e6:.1f} MB request in the mix: HTTP {big['http']} in {big['seconds']:.2f} s, "
+            f"{big['status']} / {big['tier']} ({big['reason']})"
+        )
     print(f"\nproxy peak RSS: {fmt(res['proxy_peak_rss_mb'])} MiB")
     m = res["proxy_metrics"]
     prefixes = ("ragopt_fail_open", "ragopt_optimizer_shed", "ragopt_optimizer_timeouts", "ragopt_optimizations_total")
@@ -987,6 +1055,9 @@ def main() -> None:
         "--max-queue", type=int, default=None, help="proxy optimizer queue (default: the server's for its encoding)"
     )
     p.add_argument("--time-budget-ms", type=float, default=10_000)
+    p.add_argument(
+        "--big-request", action="store_true", help="also send one ~1 MB single-document request at the load's start"
+    )
     p.add_argument("--optimizer-nice", type=int, default=10, help="proxy --optimizer-nice (0: same priority)")
     p.add_argument("--ratio", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)

@@ -5,22 +5,26 @@ A parallel encoding's cache entry is one block's key/value states, ``(2, layers,
 reading's). Kept in the model's dtype (bf16) the embedded SmolLM2-135M's take 12,288 bytes per token at 16 layers.
 A *format* stores them smaller (after KIVI, ICML 2024, and CacheGen, arXiv 2310.07240):
 
-* **keys per channel**: each layer's, head's and channel's keys over the block's tokens share one scale and zero
-  point (a few channels carry large magnitudes over every token: a per-token scale would spend its levels on them);
+* **keys per channel**: each layer's, head's and channel's keys over the block's tokens (``k4g32v2``, ``k4g64v2``:
+  over each group of 32 or 64 tokens) share one scale and zero point (a few channels carry large magnitudes over
+  every token: a per-token scale would spend its levels on them);
 * **values per token**: each token's, layer's and head's value vector shares one scale and zero point;
 * **source queries per row**: each query vector its own symmetric scale.
 
-=========  ====  ======  ===============  ==========================================================
-format     keys  values  source queries   bytes per document token, everything included (the embedded
-                                          model at 16 layers, 600 HotpotQA dev questions: docs/operations.md)
-=========  ====  ======  ===============  ==========================================================
-``bf16``   bf16  bf16    bf16             12,945: the model's dtype, unchanged (not quantized)
-``int8``   8     8       8                6,569
-``k8v4``   8     4       8                5,129
-``k8v2``   8     2       8                4,409: the smallest within 0.005 of bf16 in facts and answers kept
-``k4v4``   4     4       8                3,593
-``k4v2``   4     2       8                about 2,870
-=========  ====  ======  ===============  ==========================================================
+===========  ====  ======  ===============  ==========================================================
+format       keys  values  source queries   bytes per document token, everything included (the embedded
+                                            model at 16 layers, 600 HotpotQA dev questions: docs/operations.md)
+===========  ====  ======  ===============  ==========================================================
+``bf16``     bf16  bf16    bf16             12,945: the model's dtype, unchanged (not quantized)
+``int8``     8     8       8                6,569
+``k8v4``     8     4       8                5,129
+``k8v2``     8     2       8                4,409: the smallest within 0.005 of bf16 in facts and answers kept
+                                            (the default, :data:`DEFAULT_FORMAT`)
+``k4v4``     4     4       8                3,593
+``k4v2``     4     2       8                about 2,870
+``k4g64v2``  4     2       8                about 3,015 (keys' scales per 64 tokens)
+``k4g32v2``  4     2       8                3,211 (keys' scales per 32 tokens, KIVI's grouping)
+===========  ====  ======  ===============  ==========================================================
 
 Scales and zero points are float16. Quantized codes are packed (two 4-bit or four 2-bit codes a byte, along the
 head dimension). A format is part of the cache's store key: entries of two formats never mix.
