@@ -13,15 +13,24 @@ prompt it got)::
 or against a running ``rag-opt serve --upstream ... --port 8000``::
 
     python examples/gateway_middleware.py --sidecar http://127.0.0.1:8000
+
+Either way the gateway waits until the sidecar is ready (``GET /readyz``: its proxy model loaded) before its first
+request, as a deployment's readiness check would: a request sent while the model loads gets the lexical tier, and
+the model's loading must not eat the request's time budget (``--time-budget-ms``, 10 s by default). It prints the
+prompt its LLM got with rag-opt and the same prompt built from the documents as sent, and the sidecar's ``status``,
+``tier`` and, when it did not use the model, its ``reason``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import sys
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -90,15 +99,21 @@ class CompressContextMiddleware:
             return raw
         answer = r.json()
         payload["documents"] = [d["text"] for d in answer["documents"]]
-        payload["rag_opt"] = {k: answer[k] for k in ("status", "tier", "tokens_before", "tokens_after")}
+        fields = ("status", "tier", "reason", "tokens_before", "tokens_after")
+        payload["rag_opt"] = {k: answer[k] for k in fields if answer.get(k) is not None}
         return json.dumps(payload).encode()
+
+
+def build_prompt(question: str, documents: list[str]) -> str:
+    """The gateway's prompt for its LLM."""
+    context = "\n\n".join(documents)
+    return f"Answer from the context.\n\n{context}\n\nQuestion: {question}"
 
 
 async def answer(request: Request) -> JSONResponse:
     """The gateway's own route: build the prompt and call its LLM (here a stub that reports the prompt)."""
     payload = await request.json()
-    context = "\n\n".join(payload["documents"])
-    prompt = f"Answer from the context.\n\n{context}\n\nQuestion: {payload['question']}"
+    prompt = build_prompt(payload["question"], payload["documents"])
     return JSONResponse(
         {"prompt_chars": len(prompt), "documents": len(payload["documents"]), **payload.get("rag_opt", {})}
     )
@@ -110,13 +125,33 @@ def gateway(sidecar: httpx.AsyncClient, **options: Any) -> ASGIApp:
     return CompressContextMiddleware(app, sidecar=sidecar, **options)
 
 
-def in_process_sidecar(**settings: Any) -> httpx.AsyncClient:
-    """rag-opt's app, in this process (the upstream is never called by /v1/compress); ``settings``: other
+async def wait_ready(sidecar: httpx.AsyncClient, timeout_s: float = 600.0) -> bool:
+    """Wait until the sidecar answers ``GET /readyz`` with 200 (its proxy model loaded, or pass-through settled);
+    False when it did not within ``timeout_s`` (the gateway then goes on: the sidecar fails open)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if (await sidecar.get("/readyz")).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass  # not listening yet
+        await asyncio.sleep(0.2)
+    logger.warning("the rag-opt sidecar is not ready after %.0f s: going on (it fails open)", timeout_s)
+    return False
+
+
+@contextlib.asynccontextmanager
+async def in_process_sidecar(**settings: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """rag-opt's app, in this process (the upstream is never called by /v1/compress), started as ``rag-opt serve``
+    starts it: its start-up (the lifespan) loads the proxy model in the background; ``settings``: other
     ``ProxySettings`` fields, e.g. ``time_budget_ms``."""
     from rag_opt.server import ProxySettings, create_app
 
-    app = create_app(ProxySettings(**{"upstream": "http://127.0.0.1:9/v1", "warmup": False, **settings}))
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1", timeout=120)
+    app = create_app(ProxySettings(**{"upstream": "http://127.0.0.1:9/v1", **settings}))
+    async with app.router.lifespan_context(app):  # httpx's ASGI transport runs no lifespan: run it here
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", timeout=120) as client:
+            yield client
 
 
 async def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -126,13 +161,16 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     docs = [json.loads(line)["text"] for line in (HERE / "hotpotqa_docs.jsonl").read_text().splitlines() if line]
     question = (HERE / "hotpotqa_question.txt").read_text().strip()
-    sidecar = httpx.AsyncClient(base_url=args.sidecar, timeout=120) if args.sidecar else in_process_sidecar()
-    async with sidecar:
+    remote = httpx.AsyncClient(base_url=args.sidecar, timeout=120) if args.sidecar else None
+    async with remote or in_process_sidecar() as sidecar:
+        await wait_ready(sidecar)
         app = gateway(sidecar, budget={"ratio": args.ratio})
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
             r = await client.post("/answer", json={"question": question, "documents": docs}, timeout=120)
     out: dict[str, Any] = r.json()
-    out["prompt_chars_without_rag_opt"] = len("\n\n".join(docs))
+    # the same prompt, built from the documents as sent: what the LLM would have got without rag-opt
+    out["prompt_chars_without_rag_opt"] = len(build_prompt(question, docs))
+    out["documents_without_rag_opt"] = len(docs)
     sys.stdout.write(json.dumps(out, indent=2) + "\n")
     return out
 

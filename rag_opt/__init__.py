@@ -27,6 +27,7 @@ __all__ = [
     "InvalidInputTypeError",
     "ModelNotFoundError",
     "OptimizeResult",
+    "OptimizerOptions",
     "Orderer",
     "OrderingName",
     "OutputDocument",
@@ -54,6 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
         RagOptError,
     )
     from rag_opt.one_call import optimize
+    from rag_opt.options import OptimizerOptions
     from rag_opt.orderers.base import Orderer
     from rag_opt.pipeline import ContextOptimizer
     from rag_opt.types import (
@@ -91,6 +93,7 @@ __getattr__, __dir__ = lazy_module(
     {
         "ContextOptimizer": "rag_opt.pipeline",
         "optimize": "rag_opt.one_call",
+        "OptimizerOptions": "rag_opt.options",
         "Scorer": "rag_opt.compressors.base",
         "Orderer": "rag_opt.orderers.base",
         "WorkLimits": "rag_opt.work",

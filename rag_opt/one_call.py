@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from rag_opt.errors import InvalidInputError
+from rag_opt.options import check_option_names
 from rag_opt.pipeline import ContextOptimizer
 from rag_opt.types import DEFAULT_ORDERING, Budget, DocumentLike, OptimizeResult, OrderingName
 
@@ -32,19 +32,9 @@ def _options_key(options: dict[str, Any]) -> tuple[Any, ...]:
 
 
 def _check_options(kwargs: dict[str, Any]) -> None:
-    """Refuse an option :class:`ContextOptimizer` does not take, naming the closest known one (a typo such as
-    ``rati=0.5`` would otherwise be a bare ``TypeError`` from the constructor)."""
-    import difflib
-    import inspect
-
-    known = [p for p in inspect.signature(ContextOptimizer.__init__).parameters if p != "self"]
-    unknown = [k for k in kwargs if k not in known]
-    if unknown:
-        hints = []
-        for name in unknown:
-            close = difflib.get_close_matches(name, known, n=1)
-            hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise InvalidInputError(f"rag_opt.optimize got unknown option(s) {', '.join(hints)}; see ContextOptimizer")
+    """Refuse a name that is no option of :class:`~rag_opt.options.OptimizerOptions`, naming the closest one (a
+    typo such as ``rati=0.5`` would otherwise be a bare ``TypeError`` from the constructor)."""
+    check_option_names(kwargs, "rag_opt.optimize")
 
 
 def optimize(
@@ -63,8 +53,9 @@ def optimize(
     """Optimize retrieved ``documents`` for ``query`` in one call.
 
     The optimizer (and its loaded models) is kept per set of options and reused by later calls with the same
-    ones (the :data:`OPTIMIZERS_KEPT` most recent). No budget given: :data:`~rag_opt.types.DEFAULT_RATIO`. See
-    :class:`ContextOptimizer` for every option.
+    ones (the :data:`OPTIMIZERS_KEPT` most recent). No budget given: :data:`~rag_opt.types.DEFAULT_RATIO`.
+    ``**kwargs``: any other option of :class:`~rag_opt.options.OptimizerOptions` (an unknown name raises
+    :class:`~rag_opt.errors.InvalidInputError` naming the closest).
     """
     _check_options(kwargs)
     options = {"model": model, "target": target, **kwargs}

@@ -13,28 +13,25 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any
 
 from rag_opt import telemetry
 from rag_opt.compressors.base import Scorer, Scores
 from rag_opt.compressors.selection import SelectionOptions, select
-from rag_opt.errors import ConfigurationError, InvalidInputError, InvalidInputTypeError, WorkLimitExceeded
-from rag_opt.inputs import check_budget, check_documents, check_query, check_share, check_tier
+from rag_opt.errors import ConfigurationError, InvalidInputError, WorkLimitExceeded
+from rag_opt.inputs import check_budget, check_documents, check_query, check_tier
 from rag_opt.models.encoding_cache import EncodingCache, resolve_cache
-from rag_opt.models.prompt import DEFAULT_ENCODING, template_for
 from rag_opt.models.threads import ThreadPolicy
+from rag_opt.options import OptimizerOptions, OverLimit, options_signature, resolve_options
 from rag_opt.orderers.base import Orderer, OrdererResources, make_orderer
 from rag_opt.orderers.reader_profiles import ReaderProfileStore, reader_key
 from rag_opt.orderers.stage import order_stage
 from rag_opt.render import render_result
-from rag_opt.result_notes import score_warnings, uncompressed_note
+from rag_opt.result_notes import language_note, score_warnings, uncompressed_note
 from rag_opt.text.language import check_language
-from rag_opt.text.titles import DEFAULT_TITLE_KEYS, check_title_keys
-from rag_opt.text.tokens import TokenCounter, get_token_counter, target_key
+from rag_opt.text.tokens import TokenCounter, get_token_counter
 from rag_opt.text.units import UnitTable
 from rag_opt.types import (
-    DEFAULT_ORDERING,
-    DEFAULT_RATIO,
     Budget,
     Document,
     DocumentLike,
@@ -44,7 +41,7 @@ from rag_opt.types import (
     Timings,
     check_ordering,
 )
-from rag_opt.work import DEFAULT_LIMITS, WorkLimits, check_question, check_units, checkpoint, limits_given, scope
+from rag_opt.work import WorkLimits, check_question, check_units, checkpoint, limits_given, scope
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.artifacts.position_profiles import ProfileStore
@@ -55,8 +52,6 @@ __all__ = ["ContextOptimizer", "OverLimit"]
 
 logger = logging.getLogger(__name__)
 
-#: what an optimizer does with a context past its work limits: raise WorkLimitExceeded, or answer by the lexical tier
-OverLimit = Literal["raise", "lexical"]
 LIFT_HINT = (
     "Raise the limit with ContextOptimizer(limits=rag_opt.WorkLimits(...)), lift every limit with limits=None "
     "(the model tier's cost grows linearly with the context: docs/python-api.md), or read it with tier='lexical' "
@@ -67,154 +62,50 @@ LIFT_HINT = (
 class ContextOptimizer:
     """Reusable optimizer: holds the configuration and (lazily) the loaded proxy model and probe.
 
+    Its options are those of :class:`~rag_opt.options.OptimizerOptions` (documented there, one by one), given as an
+    options object, by name, or both: ``ContextOptimizer(ratio=0.3, keep_best_per_doc=True)``,
+    ``ContextOptimizer(options)``, ``ContextOptimizer(options, tier="lexical")``.
+
     Args:
-        model: proxy model (None: the embedded default SmolLM2-135M; a Hugging Face id, local folder or .gguf).
-        target: the target LLM whose tokens budgets are measured in (tiktoken model/encoding name, or
-            ``hf:<tokenizer>``); default ``o200k_base``. An unknown name is an error (never a silent fallback).
-        ratio: the default budget as a fraction of the context's target tokens, in (0, 1]. At most one of
-            ``ratio``, ``target_tokens``, ``threshold`` and ``budget``; none given: ``ratio=``
-            :data:`~rag_opt.types.DEFAULT_RATIO` (0.5), the default of every surface; ``ratio=1`` keeps
-            everything. When a result is not compressed (its budget holds the whole context), its ``warnings``
-            say so.
-        target_tokens: the default budget as a number of target tokens.
-        threshold: the default budget as a relevance probability: keep the sentences scoring at least this.
-        budget: the default budget as a :class:`~rag_opt.types.Budget`.
-        ordering: ``promote_clear_best`` (the default, chosen by ``benchmarks/litm.py``, docs/reordering.md: the
-            best document moves to the front only when the first document's relevance is at most 1/20 of the best's, the
-            rest keep their input order), ``lost_in_the_middle`` (end placement: the best document first, the
-            second best last, and so on toward the middle), ``relevance`` (best first, the rest by descending
-            relevance), ``promote_best`` (the best document first, the rest in input order), ``input`` (keep),
-            ``calibrated`` (best into the slots
-            the proxy attends to most, from its calibration profile) or ``attention_sort`` (the proxy's attention
-            sorts the kept documents, 2 rounds: extra forward passes).
-            Document relevance is position-calibrated when a profile exists (``result.calibrated``).
-        probe: ``"auto"`` (the probe shipped for the model), a path to a probe JSON, or None (raw attention).
-        keep_best_per_doc: keep at least the best sentence of every document (while the budget allows).
-        keep_first: always keep each document's first sentence (while the budget allows).
-        keep_antecedents: keep an English sentence that opens with a back-reference (``It``, ``She``, ``These``,
-            ...) only together with the sentence before it, so no kept sentence dangles (default on).
-        drop_below_best: with a budget, drop the documents whose relevance is below this share of the best
-            document's, in (0, 1] (a ``required`` one stays, and one a document above the bar names: a possible
-            second hop; ``result.warnings`` names them). 0.05 suits single-answer questions; default None: it costs
-            multi-hop questions facts (docs/reordering.md).
-        device: where the proxy runs (default cuda when available).
-        dtype: how the proxy runs (default bfloat16 on GPUs and on CPUs with native bf16 instructions, float32 on
-            other CPUs; "int8" with torchao).
-        max_window_tokens: proxy tokens per forward pass; longer contexts are processed in windows (and their
-            document relevance is not calibrated).
-        trust_remote_code: passed to transformers for hub models (off by default).
-        language: ISO 639 code of the documents' language (``en``, ``de``, ``pt-BR``, ...): sentence segmentation
-            and BM25 stopwords follow it (see :mod:`rag_opt.text.language`; the shipped probes were trained on
-            English).
-        scorer: score units with this instead of the Sentinel probe (e.g. ``rag_opt.compressors.BM25Scorer()``).
-        doc_probe: the document relevance probe: ``"auto"`` (shipped for the model), a path, or None (document
-            relevance = its best sentence's score).
-        calibrate: position-calibrate document relevance when a calibration profile exists for the number of
-            documents (shipped for the embedded model at 10, 20 and 30; ``rag-opt calibrate`` adds others).
-        tier: ``"model"`` (the proxy's attention, or ``scorer``) or ``"lexical"`` (BM25 and lexical features
-            through the shipped lexical probe: no model, milliseconds); per call too.
-        threads: CPU threads per forward pass: ``"auto"`` (the cores free right now, see
-            :class:`~rag_opt.models.threads.ThreadPolicy`), a number, or a policy. Applies to the loaded model,
-            process-wide.
-        encoding: how the proxy reads the context: ``"parallel"`` (each document on its own, its encoding cached
-            by content, then a question pass over the cached documents: a request with cached documents costs
-            only its question) or ``"joint"`` (one causal pass over everything; its position profiles drive
-            calibration). Default: :data:`DEFAULT_ENCODING`.
-        cache: the document-encoding cache of parallel encoding: ``"auto"`` (in memory, 512 MiB), a size in
-            bytes, a folder (the default memory tier plus that disk tier, shared by processes), an
-            :class:`~rag_opt.models.encoding_cache.EncodingCache` (to share one between optimizers or with the
-            server), or None (off).
-        title_keys: the metadata keys a document's title is read from when it has no ``title`` field, in order
-            (default :data:`~rag_opt.text.titles.DEFAULT_TITLE_KEYS`: title, doc_title, heading, name, source,
-            file_path, file_name; a file-name key gives its file's stem). See :mod:`rag_opt.text.titles`.
-        title_from_text: without a title field or metadata title, read a leading heading line of the text (a
-            Markdown heading, or a short first line without end punctuation) as the title; the line stays in
-            the text. ``OutputDocument.title_source`` says which title was used.
-        reader: the model that reads the optimized context, whose reader profile (``rag-opt calibrate --reader``)
-            places the documents under ``ordering="calibrated"`` (default: the request's ``target``). Without a
-            profile for it, the proxy's profile places them. ``OptimizeResult.placement_profile`` says which.
-        limits: the most work one call may do (:class:`~rag_opt.work.WorkLimits`: units, proxy tokens, question
-            tokens), checked before the model runs. Default :data:`~rag_opt.work.DEFAULT_LIMITS` (65,536 proxy
-            tokens: about a minute of the embedded model on 2 cores, cold); None lifts them. A caller's own
-            :func:`rag_opt.work.scope` with limits (the server's) takes precedence.
-        over_limit: past the limits, ``"raise"`` a :class:`~rag_opt.errors.WorkLimitExceeded` naming the limit
-            and how to lift it, or answer by the ``"lexical"`` tier (with a warning in the result saying so).
+        options: the options (default: every option's default).
+        **overrides: any option by name, over ``options`` (a budget given here replaces the budget of
+            ``options``). Typed as the options' fields (mypy, IDEs and ``inspect.signature`` see each one with its
+            type and default); an unknown name raises :class:`~rag_opt.errors.InvalidInputError` naming the
+            closest option, an invalid value the error of that option's check.
     """
 
-    def __init__(
-        self,
-        *,
-        model: str | None = None,
-        target: str | None = None,
-        ratio: float | None = None,
-        target_tokens: int | None = None,
-        threshold: float | None = None,
-        budget: Budget | None = None,
-        ordering: OrderingName | str = DEFAULT_ORDERING,
-        probe: str | None = "auto",
-        keep_best_per_doc: bool = False,
-        keep_first: bool = False,
-        keep_antecedents: bool = True,
-        drop_below_best: float | None = None,
-        device: str | None = None,
-        dtype: str | None = None,
-        max_window_tokens: int = 8192,
-        trust_remote_code: bool = False,
-        language: str = "en",
-        scorer: Scorer | None = None,
-        doc_probe: str | None = "auto",
-        calibrate: bool = True,
-        tier: Tier | str = "model",
-        threads: ThreadPolicy | int | str = "auto",
-        encoding: str = DEFAULT_ENCODING,
-        cache: EncodingCache | int | str | None = "auto",
-        title_keys: Sequence[str] = DEFAULT_TITLE_KEYS,
-        title_from_text: bool = True,
-        reader: str | None = None,
-        limits: WorkLimits | None = DEFAULT_LIMITS,
-        over_limit: OverLimit | str = "raise",
-    ) -> None:
-        self.budget = check_budget(ratio, target_tokens, threshold, budget) or Budget(ratio=DEFAULT_RATIO)
-        self.ordering: OrderingName = check_ordering(ordering)
-        if max_window_tokens < 128:
-            raise InvalidInputError("max_window_tokens must be at least 128")
-        self.model = model
-        if target is not None:
-            target_key(target)  # refuses an unknown target now (loads nothing)
-        self.target = target
-        self.probe = probe
+    @options_signature
+    def __init__(self, options: OptimizerOptions | None = None, **overrides: Any) -> None:
+        o = self.options = resolve_options(options, overrides, "ContextOptimizer")
+        self.budget = o.default_budget
+        self.ordering: OrderingName = check_ordering(o.ordering)
+        self.model = o.model
+        self.target = o.target
+        self.probe = o.probe
         self.selection_options = SelectionOptions(
-            keep_best_per_doc=keep_best_per_doc,
-            keep_first=keep_first,
-            keep_antecedents=keep_antecedents,
-            drop_below_best=check_share("drop_below_best", drop_below_best),
+            keep_best_per_doc=o.keep_best_per_doc,
+            keep_first=o.keep_first,
+            keep_antecedents=o.keep_antecedents,
+            drop_below_best=o.drop_below_best,
         )
-        self.device = device
-        self.dtype = dtype
-        self.max_window_tokens = max_window_tokens
-        self.trust_remote_code = trust_remote_code
-        self.language = check_language(language)
-        self.title_keys = check_title_keys(title_keys)
-        if not isinstance(title_from_text, bool):
-            raise InvalidInputTypeError(f"title_from_text must be true or false, got {type(title_from_text).__name__}")
-        self.title_from_text = title_from_text
-        if reader is not None and (not isinstance(reader, str) or not reader.strip()):
-            raise InvalidInputError("reader must be a non-empty model name")
-        self.reader = reader
-        self.doc_probe = doc_probe
-        self.calibrate = calibrate
-        self.tier: Tier = check_tier(tier)
-        if limits is not None and not isinstance(limits, WorkLimits):
-            raise InvalidInputTypeError(f"limits must be a rag_opt.WorkLimits or None, got {type(limits).__name__}")
-        self.limits = limits
-        if over_limit not in ("raise", "lexical"):
-            raise InvalidInputError(f"over_limit must be 'raise' or 'lexical', got {over_limit!r}")
-        self.over_limit: OverLimit = over_limit
-        self.threads = threads if isinstance(threads, ThreadPolicy) else ThreadPolicy(threads)
-        template_for(encoding)  # refuses an unknown encoding
-        self.encoding = encoding
-        self.cache: EncodingCache | None = resolve_cache(cache) if encoding == "parallel" else None
-        self._scorer: Scorer | None = scorer
+        self.device = o.device
+        self.dtype = o.dtype
+        self.max_window_tokens = o.max_window_tokens
+        self.trust_remote_code = o.trust_remote_code
+        self.language = o.language
+        self.title_keys: tuple[str, ...] = tuple(o.title_keys)
+        self.title_from_text = o.title_from_text
+        self.reader = o.reader
+        self.doc_probe = o.doc_probe
+        self.calibrate = o.calibrate
+        self.tier: Tier = check_tier(o.tier)
+        self.limits = o.limits
+        self.over_limit: OverLimit = "lexical" if o.over_limit == "lexical" else "raise"
+        self.threads = o.threads if isinstance(o.threads, ThreadPolicy) else ThreadPolicy(o.threads)
+        self.encoding = o.encoding
+        self.cache: EncodingCache | None = resolve_cache(o.cache) if o.encoding == "parallel" else None
+        self._scorer: Scorer | None = o.scorer
+        self._scorer_given = o.scorer is not None
         self._lexical: Scorer | None = None
         self._batcher: MicroBatcher | None = None
         self._orderers: dict[tuple[str, str | None], Orderer] = {}
@@ -425,8 +316,7 @@ class ContextOptimizer:
         passes (``score_batch``); else each is scored alone, exactly as one call would score it."""
         if not jobs:
             return
-        # loading the model is not part of the score stage's timing
-        scorer = self.lexical_scorer() if jobs[0].tier == "lexical" else self.scorer()
+        scorer = self._loaded_scorer(jobs)  # loading it is the jobs' load_ms, not part of the score stage's timing
         kw = {"documents": documents} if getattr(scorer, "scores_documents", False) else {}
         t = time.perf_counter()
         batch = getattr(scorer, "score_batch", None)
@@ -441,6 +331,27 @@ class ContextOptimizer:
             t = time.perf_counter()
             job.scores = scorer.score(job.query, job.units, **kw)
             job.timings.score_ms = (time.perf_counter() - t) * 1e3
+
+    def _shipped_probe(self, tier: Tier, scores: Scores) -> bool:
+        """Whether ``scores`` came from a probe shipped with rag-opt (trained on English): the lexical tier's, or the
+        model tier's with ``probe="auto"`` and no scorer of the caller's."""
+        if tier == "lexical":
+            return scores.method == "lexical-probe"
+        return scores.method == "probe" and self.probe == "auto" and not self._scorer_given
+
+    def _loaded_scorer(self, jobs: list[_Job]) -> Scorer:
+        """The scorer of the jobs' tier, loaded on first use (the proxy model, or the lexical probe); the time this
+        call spent loading it (or waiting for another thread to) is each job's ``timings.load_ms`` (0 when it was
+        loaded already)."""
+        lexical = jobs[0].tier == "lexical"
+        if (self._lexical if lexical else self._scorer) is not None:
+            return self.lexical_scorer() if lexical else self.scorer()
+        t = time.perf_counter()
+        scorer = self.lexical_scorer() if lexical else self.scorer()
+        load_ms = (time.perf_counter() - t) * 1e3
+        for job in jobs:
+            job.timings.load_ms = load_ms
+        return scorer
 
     def _finish(self, job: _Job, budget: Budget, orderer: Orderer, t0: float) -> OptimizeResult:
         """select → order → render for one scored job."""
@@ -460,6 +371,8 @@ class ContextOptimizer:
             ordering = order_stage(job.query, orderer, units, scores, selection)
         job.timings.total_ms = (time.perf_counter() - t0) * 1e3
         warnings = (score_warnings(scores, orderer) if scores is not None else []) + ordering.warnings
+        if scores is not None and self._shipped_probe(job.tier, scores) and (note := language_note(units.language)):
+            warnings.append(note)
         if not job.shrink:
             warnings.append(uncompressed_note(budget, job.limit, units.tokens_before))
         result = render_result(

@@ -3,10 +3,11 @@
 It renders an :class:`~rag_opt.types.OptimizeResult` together with the original documents (the result holds
 only the kept text; the units' character offsets point into the originals): every document with each sentence
 highlighted by its score (kept vs dropped) and, on hover, its rank and why it was kept or dropped, how many units
-each reason decided, the document order before and after with relevance (raw and calibrated), and token counts
-before and after. The units and their reasons are :func:`rag_opt.explanation.explain_result`'s, all of them: the
-same data as ``explain_result(result)`` and ``explain: true`` on ``/v1/compress``. Inline CSS only: no
-scripts, no external resources, every piece of document text escaped.
+each reason decided, the document order before and after with each document's two numbers, labelled (its document
+relevance, what the ordering ranks by, and its best sentence score), and token counts before and after. The units
+and their reasons are :func:`rag_opt.explanation.explain_result`'s, all of them: the same data as
+``explain_result(result)`` and ``explain: true`` on ``/v1/compress``. Inline CSS only: no scripts, no external
+resources, every piece of document text escaped.
 
 ``render_html(result, documents)`` renders; ``explain(query, documents, ...)`` optimizes and renders;
 ``rag-opt explain --query Q --input docs.jsonl --out report.html`` does the same from the command line.
@@ -156,6 +157,24 @@ def _calibration_note(result: OptimizeResult) -> str:
     return "document relevance is not position-calibrated" + (" (see the warnings)." if result.warnings else ".")
 
 
+def _relevance_source(result: OptimizeResult, docs: Sequence[OutputDocument]) -> str:
+    """Where the documents' relevance (``OutputDocument.score``) came from, for its label."""
+    if result.calibrated:
+        return "document probe, position-calibrated"
+    if any(d.score is not None and d.raw_score is not None and d.score != d.raw_score for d in docs):
+        return "document probe"
+    return "its best sentence's score: no document probe ran"
+
+
+def _relevance_legend(source: str) -> str:
+    """The line that says which relevance number is which."""
+    return (
+        f"<b>Document relevance</b> ({_esc(source)}): how relevant the whole document is; the ordering ranks "
+        "documents by it. <b>Best sentence score</b>: the highest score of the document's sentences (the scores "
+        "highlighted below, that the budget keeps sentences by). Two numbers from two scorers: they need not agree."
+    )
+
+
 def _relevance_bar(score: float | None, top: float) -> str:
     if score is None or not math.isfinite(score):
         return "—"
@@ -247,8 +266,9 @@ def render_html(
     h.append("<table>\n<tr><th>Input #</th><th>Document</th>")
     if has_retriever:
         h.append("<th>Retriever score</th>")
+    source = _relevance_source(result, all_docs)
     h.append(
-        "<th>Relevance (raw)</th><th>Relevance (calibrated)</th><th>Tokens before → after</th><th>Output #</th></tr>"
+        "<th>Document relevance</th><th>Best sentence score</th><th>Tokens before → after</th><th>Output #</th></tr>"
     )
     for d in all_docs:
         kept = d.index in out_pos
@@ -256,16 +276,17 @@ def render_html(
         row.append(f"<td>{_esc(_name(d))}</td>")
         if has_retriever:
             row.append(f'<td class="num">{_fmt(d.retriever_score)}</td>')
+        row.append(f"<td>{_relevance_bar(d.score, top)}</td>")
         row.append(f"<td>{_relevance_bar(d.raw_score, top)}</td>")
-        row.append(f"<td>{_relevance_bar(d.score, top) if result.calibrated else '—'}</td>")
         row.append(f'<td class="num">{d.tokens_before} → {d.tokens_after}</td>')
         cell = f"{out_pos[d.index] + 1}" if kept else '<span class="pill dropped">dropped</span>'
         row.append(f'<td class="num">{cell}</td></tr>')
         h.append("".join(row))
     h.append("</table>")
+    h.append(f'<p class="note legend-relevance">{_relevance_legend(source)}</p>')
     h.append('<ol class="chips" aria-label="output order">')
     h.extend(
-        f"<li><b>{rank + 1}</b>{_esc(_name(d))} <small>({_fmt(d.score, 2)})</small></li>"
+        f"<li><b>{rank + 1}</b>{_esc(_name(d))} <small>(document relevance {_fmt(d.score, 2)})</small></li>"
         for rank, d in enumerate(out_docs)
     )
     h.append("</ol>")
@@ -292,7 +313,11 @@ def render_html(
         h.append(f"<h3>{pos}{_esc(_name(d))}{id_part}</h3>")
         doc_units = units[d.index].units
         n_k = sum(u.kept for u in doc_units)
-        rel = f"relevance {_fmt(d.raw_score)} raw" + (f", {_fmt(d.score)} calibrated" if result.calibrated else "")
+        rel = (
+            f"document relevance {_fmt(d.score)} ({source.split(':')[0]}) · best sentence score {_fmt(d.raw_score)}"
+            if source.startswith("document probe")
+            else f"document relevance = best sentence score {_fmt(d.raw_score)}"
+        )
         h.append(
             f'<div class="meta">input #{d.index + 1} · {_esc(rel)} · {d.tokens_before} → {d.tokens_after} tokens '
             f"· {n_k} of {len(doc_units)} sentences kept</div>"

@@ -17,7 +17,8 @@ The span's attributes (:func:`span_attributes`): ``rag_opt.status`` (as ``x-rago
 ``rag_opt.tier``, ``rag_opt.tokens_before``, ``rag_opt.tokens_after``, ``rag_opt.ratio``, ``rag_opt.cache_hits``,
 ``rag_opt.cache_misses``, ``rag_opt.encoding``, ``rag_opt.scorer``, ``rag_opt.ordering``,
 ``rag_opt.documents_before``, ``rag_opt.documents_after``, ``rag_opt.over_budget`` and the stage timings
-``rag_opt.segment_ms``, ``rag_opt.score_ms``, ``rag_opt.select_ms``, ``rag_opt.order_ms``, ``rag_opt.total_ms``;
+``rag_opt.segment_ms``, ``rag_opt.load_ms``, ``rag_opt.score_ms``, ``rag_opt.select_ms``, ``rag_opt.order_ms``,
+``rag_opt.total_ms`` (which includes ``load_ms``: the scorer's loading, on the first call);
 on the server also ``rag_opt.route`` (the request's path; and ``rag_opt.contexts`` for a request with several
 contexts: its values are their sums). Without a result (fail-open, no context) only the status, reason and tier
 ``none``.
@@ -54,7 +55,7 @@ logger = logging.getLogger(__name__)
 
 SPAN_NAME = "rag_opt.optimize"
 _SCOPE = "rag_opt"
-_STAGES = ("segment_ms", "score_ms", "select_ms", "order_ms", "total_ms")
+_STAGES = ("segment_ms", "load_ms", "score_ms", "select_ms", "order_ms", "total_ms")
 _state = {"library": False}
 _lock = threading.Lock()
 _untraced: ContextVar[bool] = ContextVar("rag_opt_untraced", default=False)

@@ -309,13 +309,24 @@ class OutputDocument(BaseModel):
 
 
 class Timings(BaseModel):
-    """Milliseconds spent in each stage of one optimization."""
+    """Milliseconds spent in each stage of one optimization.
 
-    segment_ms: float = 0.0
-    score_ms: float = 0.0
-    select_ms: float = 0.0
-    order_ms: float = 0.0
-    total_ms: float = 0.0
+    ``load_ms`` is the time the call spent loading its scorer (the proxy model and its probes on an optimizer's first
+    model-tier call, the lexical probe on its first lexical one; 0 once loaded). ``total_ms`` is the whole call and
+    includes ``load_ms``: ``total_ms - load_ms`` is the optimization's own time. ``score_ms`` never includes it."""
+
+    segment_ms: float = Field(default=0.0, description="segmenting the documents into units")
+    load_ms: float = Field(
+        default=0.0,
+        description="loading the scorer (the proxy model on an optimizer's first call; 0 once loaded); part of "
+        "total_ms",
+    )
+    score_ms: float = Field(
+        default=0.0, description="scoring the units (the proxy model's reading, or the lexical tier)"
+    )
+    select_ms: float = Field(default=0.0, description="choosing the units to keep")
+    order_ms: float = Field(default=0.0, description="ordering the kept documents")
+    total_ms: float = Field(default=0.0, description="the whole call, load_ms included")
 
 
 class OptimizeResult(BaseModel):

@@ -260,7 +260,8 @@ def test_to_dict_from_dict_round_trip_every_init_parameter() -> None:
         if name in optimizer_options()
     }
     assert {"model", "keep_best_per_doc", "tier", "language", "cache", "threads", "scorer"} <= set(every)
-    every.update(keep_best_per_doc=True, tier="lexical", language="de", max_window_tokens=4096, cache=None)
+    # limits' default is an object (a WorkLimits): given as None, as a plain value serialises
+    every.update(keep_best_per_doc=True, tier="lexical", language="de", max_window_tokens=4096, cache=None, limits=None)
     every = {k: list(v) if isinstance(v, tuple) else v for k, v in every.items()}  # as YAML gives them back
     comp = RagOptDocumentCompressor(target_tokens=300, ordering="relevance", metadata_key="ro", **every)
     data = comp.to_dict()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,8 +138,21 @@ async def test_gateway_middleware_compresses_before_the_llm_call(app: Any) -> No
 
 async def test_gateway_example_main_runs_in_process() -> None:
     example = _example()
-    # the example's own in-process sidecar, with a time budget no machine load reaches (its first request loads the
-    # model): the test checks what the example does, never how fast the machine is
+    # the example's in-process sidecar starts as rag-opt serve does: the model loads at start-up, and the gateway
+    # waits for /readyz before its first request (a request during the load would get the lexical tier, and the
+    # load would eat its time budget: the example once ended fail_open)
+    async with example.in_process_sidecar() as sidecar:
+        assert await example.wait_ready(sidecar)
+        health = (await sidecar.get("/healthz")).json()
+        assert health["optimizer"] == "ready"
+    # main, with a time budget no machine load reaches: the test checks what the example does, never how fast the
+    # machine is
     example.in_process_sidecar = functools.partial(example.in_process_sidecar, time_budget_ms=86_400_000.0)
     out = await example.main(["--ratio", "0.3"])
-    assert out["status"] == "optimized" and out["prompt_chars"] < out["prompt_chars_without_rag_opt"]
+    assert out["status"] == "optimized" and out["tier"] == "model" and "reason" not in out
+    # the comparison is like for like: the same prompt, built from the documents as sent
+    docs = [json.loads(line)["text"] for line in (ROOT / "examples" / "hotpotqa_docs.jsonl").read_text().splitlines()]
+    question = (ROOT / "examples" / "hotpotqa_question.txt").read_text().strip()
+    assert out["prompt_chars_without_rag_opt"] == len(example.build_prompt(question, docs))
+    assert out["documents_without_rag_opt"] == len(docs) >= out["documents"]
+    assert out["prompt_chars"] < out["prompt_chars_without_rag_opt"]

@@ -347,3 +347,74 @@ def test_no_install_hint_names_the_other_project() -> None:
     ]  # the check's own examples
     right = [".venv/bin/pip install -e . && .venv/bin/rag-opt optimize", "pip install -e '.[server]'  # not rag-opt"]
     assert all(_names_the_other_project(w) for w in wrong) and not any(_names_the_other_project(r) for r in right)
+
+
+# -- the optimizer's options have one home (rag_opt/options.py) -------------------------------------------------
+# The modules that build an optimizer from a surface's input (the server, the command line, the adapters, the
+# gateway, batch, rag_opt.optimize) take the options from their declaration and never list them. They may name the
+# per-call options (ContextOptimizer.optimize's keywords: the budget, ordering, tier, language, target: a per-call
+# API of its own) and, each with its reason, the few below.
+_MAY_NAME = {
+    "server/state.py": {"threads", "cache", "encoding"},  # the server's thread policy and one cache; what it reports
+    "server/settings.py": {"threads"},  # its own --threads (default adaptive, the cores shared by its workers)
+    "server/settings_cli.py": set(),
+    "server/option_settings.py": set(),
+    "cli/common.py": set(),
+    "cli/option_flags.py": set(),
+    "cli/optimize.py": set(),
+    "cli/batch.py": set(),
+    "cli/mcp.py": {"limits"},  # the title of its argument group for the server's limits (--max-units, ...)
+    "adapters/options.py": set(),
+    "adapters/gateway.py": {"model"},  # a tier's name ("auto", "model", "lexical"), not the option
+    "adapters/langchain.py": set(),
+    "adapters/llamaindex.py": set(),
+    "adapters/haystack.py": set(),
+    "adapters/litellm.py": {"scorer"},  # an object: not an option a LiteLLM config can give
+    "batch/__init__.py": set(),
+    "batch/optimizer.py": set(),
+    "batch/job.py": set(),
+    "one_call.py": {"model"},  # rag_opt.optimize(query, documents, model=...): a parameter of its own
+}
+
+
+def _option_names_in(path: Path, names: set[str]) -> dict[str, list[int]]:
+    """Where ``path`` names an option: a string that is its name, a keyword of a ``ContextOptimizer(...)`` or
+    ``OptimizerOptions(...)`` call, a field or a parameter named as it."""
+    found: dict[str, list[int]] = {}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        hits: list[str] = []
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            hits = [node.value]
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] in (
+            "ContextOptimizer",
+            "OptimizerOptions",
+        ):
+            hits = [k.arg for k in node.keywords if k.arg]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            hits = [node.target.id]
+        elif isinstance(node, ast.arg):
+            hits = [node.arg]
+        for name in hits:
+            if name in names:
+                found.setdefault(name, []).append(getattr(node, "lineno", 0))
+    return found
+
+
+def test_no_module_but_rag_opt_options_lists_the_optimizer_options(tmp_path: Path) -> None:
+    import inspect
+
+    from rag_opt.options import option_names
+    from rag_opt.pipeline import ContextOptimizer
+
+    per_call = set(inspect.signature(ContextOptimizer.optimize).parameters)
+    construction = set(option_names()) - per_call
+    assert {"model", "keep_best_per_doc", "title_keys", "encoding"} <= construction  # (the check checks something)
+    bad = []
+    for rel, allowed in _MAY_NAME.items():
+        for name, lines in sorted(_option_names_in(PKG / rel, construction - allowed).items()):
+            bad.append(f"rag_opt/{rel}:{lines[0]}: names the option {name!r}")
+    assert not bad, "derive these from rag_opt.options instead of naming them:\n" + "\n".join(bad)
+    # and the check finds a list of options written by hand
+    sample = tmp_path / "by_hand.py"
+    sample.write_text('KW = {"keep_first": False}\nopt = ContextOptimizer(device="cpu")\n', encoding="utf-8")
+    assert set(_option_names_in(sample, construction)) == {"keep_first", "device"}

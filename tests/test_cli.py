@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -94,6 +95,9 @@ def test_optimize_prints_context_and_savings(capsys):
     assert code == 0
     assert "saved" in err and "tokens" in err
     assert out.strip()
+    # the time it took, and how much of it loading the model was (the first call's, in this process)
+    summary = next(line for line in err.splitlines() if line.startswith("--- rag-opt: "))
+    assert re.search(r"; \d+ ms(, \d+ ms of it loading the proxy model)?$", summary), summary
     code, out, _ = run(
         capsys,
         "optimize",
@@ -135,3 +139,72 @@ def test_optimize_on_the_lexical_tier_loads_no_model(capsys):
     assert code == 0 and data["tier"] == "lexical" and data["proxy_model"] is None
     assert data["tokens_after"] <= data["token_budget"] and data["dropped"]
     assert any("far below the best" in w for w in data["warnings"])
+
+
+def test_optimize_help_says_what_it_does_the_input_format_and_an_example_that_runs(capsys, tmp_path, monkeypatch):
+    import shlex
+
+    with pytest.raises(SystemExit):
+        main(["optimize", "--help"])
+    out = capsys.readouterr().out
+    assert "Compress and reorder retrieved documents" in out and "JSON lines, one document per" in out
+    assert '"text"' in out and "standard output" in out
+    example = out[out.index("example:") :].splitlines()[1:]
+    monkeypatch.chdir(tmp_path)
+    for line in example[:-1]:  # echo '{...}' >(>) docs.jsonl
+        words = shlex.split(line)
+        assert words[0] == "echo" and words[-1] == "docs.jsonl"
+        with open("docs.jsonl", "a" if words[-2] == ">>" else "w", encoding="utf-8") as fh:
+            fh.write(words[1] + "\n")
+    command = shlex.split(example[-1])
+    assert command[0] == "rag-opt"
+    code, context, err = run(capsys, *command[1:])
+    assert code == 0 and "Bees make honey from nectar." in context and "--- rag-opt:" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "what", "where"),
+    [
+        (
+            ["train-probe", "--out", "p.json"],
+            "--data",
+            "HotpotQA questions with sentence-level supporting facts",
+            "https://hotpotqa.github.io",
+        ),
+        (["train-lexical-probe", "--out", "p.json"], "--data", "supporting facts", "https://hotpotqa.github.io"),
+        (
+            ["train-doc-probe", "--out", "p.json"],
+            "--data",
+            "the NQ multi-document file",
+            "github.com/nelson-liu/lost-in-the-middle",
+        ),
+        (
+            ["calibrate", "--reader", "some-llm", "--n-docs", "5"],
+            "--data",
+            "the NQ multi-document file",
+            "github.com/nelson-liu/lost-in-the-middle",
+        ),
+    ],
+)
+def test_training_commands_say_what_a_missing_data_file_is_and_where_to_get_it(
+    capsys, tmp_path, monkeypatch, argv, flag, what, where
+):
+    monkeypatch.setenv("RAG_OPT_DATA_DIR", str(tmp_path))  # an empty data folder
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and "Traceback" not in err
+    assert f"data not found: {tmp_path}/" in err and "$RAG_OPT_DATA_DIR" in err and what in err and where in err
+    code, _, err = run(capsys, *argv, flag, str(tmp_path / "elsewhere.jsonl.gz"))  # a path given: named as given
+    assert code == 2 and "elsewhere.jsonl.gz" in err and what in err and where in err
+    with pytest.raises(SystemExit):
+        main([argv[0], "--help"])
+    help_text = "".join(capsys.readouterr().out.split())  # argparse wraps lines (a URL at its hyphens too)
+    assert all("".join(s.split()) in help_text for s in (what, where, "$RAG_OPT_DATA_DIR"))
+
+
+def test_train_probe_names_its_nq_file_too(capsys, tmp_path, monkeypatch):
+    (tmp_path / "hotpotqa").mkdir()
+    (tmp_path / "hotpotqa" / "train.jsonl.gz").write_bytes(b"")
+    monkeypatch.setenv("RAG_OPT_DATA_DIR", str(tmp_path))
+    code, _, err = run(capsys, "train-probe", "--out", str(tmp_path / "p.json"), "--nq", "5", "--cached-only")
+    assert code == 2 and "--nq-data is the NQ multi-document file" in err and "nq_multidoc" in err

@@ -72,6 +72,17 @@ def test_index_writes_the_keys_requests_read_resumes_and_clears(
     stats = json.loads(capsys.readouterr().out)
     assert stats["entries"] == len(written) and stats["bytes"] == sum(p.stat().st_size for p in written)
     assert stats["foreign_files"] == 0
+    # more encodings than documents, and the stats say why: each block's states per depth, its source queries (the
+    # cross-document reading), and the shared prefix
+    kinds = stats["kinds"]
+    assert set(kinds) == {"kv", "rows"} and kinds["kv"] + kinds["rows"] == len(written) > len(docs)
+    assert kinds["kv"] == len(docs) * len(stats["kv_depths"]) + len(stats["kv_depths"])  # one block each + prefix
+    assert kinds["rows"] == len(docs) and sum(stats["kv_depths"].values()) == kinds["kv"]
+    assert main(["cache", "stats", "--cache-dir", str(cache_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("bound") and f"{len(written)} encodings" in lines[0]
+    assert lines[1].strip().startswith(f"{kinds['kv']} key/value states") and "shared prompt prefix" in lines[1]
+    assert lines[2].strip().startswith(f"{kinds['rows']} source-query sets") and "cross-document" in lines[2]
 
     assert main(["cache", "clear", "--cache-dir", str(cache_dir)]) == 0
     assert f"removed {len(written)} encodings" in capsys.readouterr().out

@@ -521,6 +521,7 @@ def test_cache_stats_shows_the_bound(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["cache", "stats", "--cache-dir", str(tmp_path), "--max-bytes", "2000"]) == 0
     out = capsys.readouterr().out
     assert "4 encodings, 4000 bytes" in out and "200.0% of the" in out and "rag-opt cache prune" in out
+    assert "4 without an entry header" in out  # these test blobs are no safetensors entries
     assert main(["cache", "stats", "--cache-dir", str(tmp_path)]) == 0
     assert "of the 8.0 GiB bound" in capsys.readouterr().out
     with pytest.raises(SystemExit):

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import threading
 
@@ -71,8 +72,8 @@ def test_local_directory_and_gguf_path_load(proxy):
     assert local.source.kind == "directory" and local.num_layers == proxy.num_layers
     gguf = resolve_source(str(proxy.source.paths[0]))
     assert gguf.kind == "gguf"
-    # the same GGUF file converts to the same cached folder content (names differ by source only)
-    assert converted_gguf_dir(gguf).is_dir()
+    # the same GGUF file given by its path: one conversion, found by its contents (no second ~0.5 GB folder)
+    assert converted_gguf_dir(gguf).name.endswith(folder.name.removeprefix("embedded-smollm2-135m"))
 
 
 def test_default_precision_is_bf16_only_where_it_is_native(monkeypatch):
@@ -85,3 +86,34 @@ def test_default_precision_is_bf16_only_where_it_is_native(monkeypatch):
     assert cpu_has_bf16() and default_dtype("cpu") == "bfloat16"
     monkeypatch.delenv("RAG_OPT_CPU_BF16")
     assert default_dtype("cpu") in ("float32", "bfloat16")
+
+
+@pytest.mark.model
+def test_loading_shows_no_weight_progress_bar_and_logs_one_line(proxy, monkeypatch, capsys, caplog):
+    """No "Loading weights 100%" bar on every use: one INFO line instead, and transformers' bars as they were after."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    from rag_opt.models import loader
+    from rag_opt.models.gguf import converted_gguf_dir
+
+    # as in a program that never set HF_HUB_DISABLE_PROGRESS_BARS (rag-opt's CLI sets it, and a test before may
+    # have run the CLI in this process)
+    hub_tqdm = importlib.import_module("huggingface_hub.utils.tqdm")  # the module (the package's name is a class)
+    for module in (hub_tqdm, importlib.import_module("huggingface_hub.constants")):
+        monkeypatch.setattr(module, "HF_HUB_DISABLE_PROGRESS_BARS", None)
+    was_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.enable_progress_bar()  # as in a program that never touched them
+    monkeypatch.setattr(loader, "_LOADED", {})  # a load of its own, not the process's shared model
+    caplog.set_level(logging.INFO, logger="rag_opt.models.loader")
+    try:
+        loaded = load_proxy_model(str(converted_gguf_dir(proxy.source)), dtype="float32")
+        assert hf_logging.is_progress_bar_enabled()  # restored
+    finally:
+        if not was_on:
+            hf_logging.disable_progress_bar()
+    assert loaded is not proxy and loaded.num_layers == proxy.num_layers
+    assert "Loading weights" not in capsys.readouterr().err
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert len(lines) == 1 and lines[0].startswith("loaded proxy model ") and " s" in lines[0]

@@ -66,3 +66,33 @@ def test_listing_and_cleaning_keep_the_current_and_other_folders(cache_home: Pat
     assert sorted(p.name for p in cache_home.iterdir() if p.is_dir()) == sorted(
         n for n, s in folders.items() if s != "superseded"
     )
+
+
+def test_a_gguf_file_converted_under_another_name_is_reused_not_converted_again(
+    tmp_path: Path, cache_home: Path
+) -> None:
+    """The embedded model loaded by its .gguf path (or any copy of its file) reads the embedded model's converted
+    folder: no second ~0.5 GB conversion (the test suite once wrote one into the user's cache this way)."""
+    from rag_opt.models.sources import resolve_source
+
+    weights = tmp_path / "copy" / "model.gguf"
+    weights.parent.mkdir()
+    weights.write_bytes(b"GGUF not really: converting it would fail")
+    key = gguf.content_key((weights,))
+    converted = cache_home / f"embedded-smollm2-135m-{key}"
+    converted.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors"):
+        (converted / name).write_bytes(b"{}")
+    assert gguf.converted_gguf_dir(resolve_source(str(weights))) == converted
+    assert sorted(p.name for p in cache_home.iterdir() if p.is_dir()) == [converted.name]  # nothing converted
+
+
+def test_the_test_suite_keeps_its_caches_out_of_the_users_but_shares_the_converted_models() -> None:
+    """tests/conftest.py: rag-opt's cache folder is the session's own; only its models folder is the user's."""
+    from rag_opt.paths import cache_dir
+
+    root = cache_dir()
+    assert root == Path(os.environ["RAG_OPT_CACHE_DIR"]) and root.name.startswith("rag-opt-tests-")
+    user = Path(os.environ["RAG_OPT_TESTS_USER_CACHE_DIR"])
+    assert not root.resolve().is_relative_to(user.resolve())
+    assert (root / "models").is_symlink() and (root / "models").resolve() == (user / "models").resolve()

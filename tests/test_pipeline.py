@@ -337,3 +337,53 @@ def test_drop_below_best_drops_exactly_the_documents_far_below_the_best(tier):
     filled = r.tokens_after >= 0.9 * r.token_budget  # type: ignore[operator]
     assert filled or all(d.tokens_after == d.tokens_before for d in r.documents)
     assert not gated.optimize(ex["question"], docs, ratio=1.0).dropped
+
+
+@pytest.mark.model
+def test_load_ms_is_the_scorers_first_load_and_part_of_total_ms():
+    """``total_ms`` includes loading the scorer; ``load_ms`` says how much of it that was, and is 0 once loaded."""
+    ex = hotpot_dev(1)[0]
+    docs = hotpot_docs(ex)
+    opt = rag_opt.ContextOptimizer()
+    first, second = (opt.optimize(ex["question"], docs, ratio=0.5) for _ in range(2))
+    t = first.timings
+    assert t.load_ms > 0 and t.total_ms >= t.segment_ms + t.load_ms + t.score_ms
+    assert second.timings.load_ms == 0.0 and second.timings.score_ms > 0
+    # the lexical tier loads its own probe, on its first lexical call
+    lexical = [opt.optimize(ex["question"], docs, ratio=0.5, tier="lexical").timings for _ in range(2)]
+    assert lexical[0].load_ms > 0 and lexical[0].total_ms >= lexical[0].load_ms and lexical[1].load_ms == 0.0
+    # nothing to score, nothing loaded
+    assert rag_opt.ContextOptimizer(ordering="input").optimize(ex["question"], docs, ratio=1.0).timings.load_ms == 0
+
+
+ENGLISH_NOTE = "the shipped probes were trained on English"
+GERMAN_DOCS = [
+    "Honig wird von Bienen aus Nektar gemacht. Er hält sich lange.",
+    "Berlin ist die Hauptstadt Deutschlands. Die Stadt liegt an der Spree.",
+]
+
+
+def _english_notes(result: rag_opt.OptimizeResult) -> list[str]:
+    return [w for w in result.warnings if ENGLISH_NOTE in w]
+
+
+def test_non_english_input_scored_by_a_shipped_probe_says_the_probes_read_english():
+    question = "Wer macht Honig?"
+    german = rag_opt.ContextOptimizer(language="de", tier="lexical")
+    for result in german.optimize_batch([question, question], [GERMAN_DOCS, GERMAN_DOCS], ratio=0.5):
+        assert len(_english_notes(result)) == 1 and "'de'" in _english_notes(result)[0]  # once per result
+    english = rag_opt.ContextOptimizer(tier="lexical")
+    assert not _english_notes(english.optimize(question, GERMAN_DOCS, ratio=0.5))
+    assert len(_english_notes(english.optimize(question, GERMAN_DOCS, ratio=0.5, language="pt-BR"))) == 1  # per call
+    assert not _english_notes(german.optimize(question, GERMAN_DOCS, ratio=0.5, language="en-GB"))
+    # a scorer of the caller's is no shipped probe: nothing to say
+    from rag_opt.compressors import BM25Scorer
+
+    own = rag_opt.ContextOptimizer(language="de", scorer=BM25Scorer())
+    assert not _english_notes(own.optimize(question, GERMAN_DOCS, ratio=0.5))
+
+
+@pytest.mark.model
+def test_non_english_input_on_the_model_tier_says_the_probes_read_english():
+    result = rag_opt.ContextOptimizer(language="de").optimize("Wer macht Honig?", GERMAN_DOCS, ratio=0.5)
+    assert result.tier == "model" and result.scorer == "probe" and len(_english_notes(result)) == 1

@@ -96,7 +96,13 @@ def test_report_shows_every_sentence_order_and_tokens(bm25_result) -> None:
     assert [int(n) for _, n in rows] == list(range(1, len(docs) + 1))
     for rank, d in enumerate(result.documents):
         assert f"<b>{rank + 1}</b>{html.escape(d.title or d.id)}" in page
-    assert "Relevance (raw)" in page and "Relevance (calibrated)" in page
+    # the two numbers per document, labelled, with a legend saying which is which (BM25: no document probe)
+    assert "<th>Document relevance</th><th>Best sentence score</th>" in page
+    legend = re.search(r'<p class="note legend-relevance">(.*?)</p>', page)
+    assert legend and "<b>Document relevance</b> (its best sentence&#x27;s score: no document probe ran)" in legend[1]
+    assert "the ordering ranks documents by it" in legend[1] and "<b>Best sentence score</b>" in legend[1]
+    assert page.count("document relevance = best sentence score ") == len(docs)
+    assert f"(document relevance {result.documents[0].score:.2f})" in page
     # why relevance is not position-calibrated: here no proxy model read the context (pointing at warnings only
     # when there are some)
     assert "no document relevance was computed by the proxy model" in page
@@ -140,6 +146,8 @@ def test_report_shows_calibrated_relevance(bm25_result) -> None:
     calibrated = result.model_copy(update={"calibrated": True, "documents": [first, *result.documents[1:]]})
     page = render_html(calibrated, docs)
     assert "0.123" in page and "0.654" in page and "calibrated against" in page
+    assert "<b>Document relevance</b> (document probe, position-calibrated)" in page
+    assert "document relevance 0.123 (document probe, position-calibrated) · best sentence score 0.654" in page
 
 
 def test_report_rejects_documents_that_do_not_match(bm25_result) -> None:
@@ -189,6 +197,8 @@ def test_cli_explain_with_the_proxy_model(capsys, tmp_path: Path) -> None:
     page = out.read_text(encoding="utf-8")
     _parse(page)
     assert "raw-attention scorer" in page or "probe scorer" in page
+    # the proxy's document probe and the best sentence score: two different numbers, each labelled
+    assert "<b>Document relevance</b> (document probe" in page and "best sentence score" in page
     assert 'class="u keep"' in page and 'class="u drop"' in page
     assert "score —" not in page  # every sentence was scored
 

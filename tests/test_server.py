@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import socket
@@ -401,6 +402,19 @@ def test_unreachable_upstream_is_a_502(optimizer):
         assert exc.value.status_code == 502 and exc.value.code == "upstream_unavailable"
 
 
+def test_an_unreachable_upstream_is_logged_with_its_url_without_credentials(optimizer, caplog):
+    caplog.set_level(logging.WARNING, logger="rag_opt.server.upstream")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with serve_proxy(f"http://ops:hunter2@127.0.0.1:{port}", optimizer, connect_timeout=2) as (url, _):
+        assert httpx.get(f"{url}/v1/models?key=query-secret", timeout=60).status_code == 502
+    lines = [r.getMessage() for r in caplog.records if r.name == "rag_opt.server.upstream"]
+    expected = f"upstream failed: http://***@127.0.0.1:{port}/v1/models could not be reached"
+    assert any(expected in m for m in lines), lines
+    assert not any("hunter2" in m or "query-secret" in m for m in lines)
+
+
 def test_operator_key_replaces_client_authorization(upstream, optimizer, up):
     with serve_proxy(upstream[1], optimizer, upstream_api_key="sk-operator") as (url, _):
         c = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-client", max_retries=0)
@@ -672,6 +686,21 @@ def test_serve_flags_are_generated_from_the_settings(capsys):
         build_parser().parse_args(["serve", "--help"])
     serve_help = capsys.readouterr().out
     assert all(a.option_strings[0] in serve_help for a in flags.values())
+
+
+def test_the_start_up_line_names_only_the_upstreams_configured():
+    from rag_opt.cli.serve import startup_line
+
+    plain = startup_line(ProxySettings(upstream="http://user:pw@llm.local:8080/v1"))
+    assert plain.startswith("rag-opt proxy on http://127.0.0.1:8000/v1 -> http://***@llm.local:8080/v1 (")
+    assert "Gemini" not in plain and "googleapis" not in plain and "pw" not in plain
+    gemini = startup_line(ProxySettings(upstream="http://llm.local/v1", gemini_upstream="http://gem.local:9000"))
+    assert "-> http://llm.local/v1, the Gemini API's paths (/v1beta/...) -> http://gem.local:9000 (" in gemini
+    # from the environment too: configured is configured, wherever it was set
+    from rag_opt.server.settings import ENV_PREFIX
+
+    env = {ENV_PREFIX + "UPSTREAM": "http://llm.local/v1", ENV_PREFIX + "GEMINI_UPSTREAM": "http://gem.local:9000"}
+    assert "-> http://gem.local:9000" in startup_line(ProxySettings.from_sources({}, env))
 
 
 def test_serve_without_the_server_extra_says_what_to_install(monkeypatch, capsys):

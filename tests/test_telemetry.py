@@ -39,6 +39,7 @@ REQUIRED = (
     "rag_opt.cache_hits",
     "rag_opt.cache_misses",
     "rag_opt.segment_ms",
+    "rag_opt.load_ms",
     "rag_opt.score_ms",
     "rag_opt.select_ms",
     "rag_opt.order_ms",

@@ -87,6 +87,19 @@ def test_abbreviations_decimals_urls_quotes() -> None:
     ]
 
 
+def test_a_dotted_name_is_never_cut_inside_a_word() -> None:
+    """Issue 54: "Super Junior-K.R.Y." was cut after "K." (no space: an initialism, not a sentence end)."""
+    text = (
+        "He is best known as a member of Super Junior, its sub-groups Super Junior-K.R.Y. and Super Junior-M. "
+        "He debuted in 2005. The group S.H.E. sang in Taipei."
+    )
+    assert [t for _, t in pieces(text)] == [
+        "He is best known as a member of Super Junior, its sub-groups Super Junior-K.R.Y. and Super Junior-M. ",
+        "He debuted in 2005. ",
+        "The group S.H.E. sang in Taipei.",
+    ]
+
+
 def test_exclamation_or_question_mark_inside_a_name_or_quote_is_not_a_boundary() -> None:
     # Real cases from NQ and HotpotQA passages: titles and names with the mark inside, quoted speech.
     text = (

@@ -86,7 +86,9 @@ class GatewaySettings(BaseModel):
     tool_min_chars: int = Field(default=2000, ge=1, description="a tool result is context from this many chars")
     max_concurrency: int = Field(default=1, ge=1, description="in-process optimizations running at once")
     warmup: bool = Field(default=True, description="in-process: load the proxy model at start, in the background")
-    optimizer: dict[str, Any] = Field(default_factory=dict, description="in-process ContextOptimizer options")
+    optimizer: dict[str, Any] = Field(
+        default_factory=dict, description="in-process optimizer options (rag_opt.OptimizerOptions, by name)"
+    )
 
     @field_validator("sidecar_api_key", mode="before")
     @classmethod
@@ -96,6 +98,14 @@ class GatewaySettings(BaseModel):
             if not os.environ.get(name):
                 raise ValueError(f"the environment variable {name} is not set")
             return os.environ[name]
+        return v
+
+    @field_validator("optimizer")
+    @classmethod
+    def _optimizer_options(cls, v: dict[str, Any]) -> dict[str, Any]:
+        from rag_opt.options import check_option_names
+
+        check_option_names(v, "optimizer")  # an unknown name, with the closest option
         return v
 
     @model_validator(mode="after")

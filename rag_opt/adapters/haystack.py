@@ -52,6 +52,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess witho
 from rag_opt.adapters.metadata import METADATA_KEY, document_info
 from rag_opt.adapters.options import optimizer_options, split_options
 from rag_opt.errors import ConfigurationError, InvalidInputError, InvalidInputTypeError, RagOptError
+from rag_opt.options import BUDGET_FIELDS
 from rag_opt.pipeline import ContextOptimizer
 from rag_opt.types import Budget, OptimizeResult, check_ordering
 from rag_opt.types import Document as RagDocument
@@ -63,7 +64,7 @@ __all__ = ["COMPONENT_MODULE", "METADATA_KEY", "RagOptDocumentCompressor"]
 COMPONENT_MODULE = "haystack_integrations.components.compressors.rag_opt"
 """The module the component is registered and serialised under (a namespace Haystack trusts by default)."""
 
-_OWN = ("ratio", "target_tokens", "threshold", "ordering", "metadata_key")  # serialised init parameters
+_OWN = (*BUDGET_FIELDS, "ordering", "metadata_key")  # serialised init parameters (the per-call options, its key)
 _PLAIN = (str, int, float, bool)
 
 

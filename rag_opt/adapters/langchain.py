@@ -155,20 +155,12 @@ def format_documents(
 
 
 # -- shared settings ------------------------------------------------------------------------------------------
-def _check_settings(ratio: Any, target_tokens: Any, threshold: Any, ordering: str | None) -> None:
-    Budget(ratio=ratio, target_tokens=target_tokens, threshold=threshold)
-    if ordering is not None:
-        check_ordering(ordering)
-
-
 def _run_optimize(
     optimizer: ContextOptimizer,
     query: Any,
     documents: Sequence[Any],
     *,
-    ratio: float | None,
-    target_tokens: int | None,
-    threshold: float | None,
+    budget: Budget | None,
     ordering: str | None,
     metadata_key: str,
     score_key: str | None,
@@ -176,9 +168,7 @@ def _run_optimize(
     query, docs = _prepare(query, documents, score_key)
     if not docs:
         return []
-    result = optimizer.optimize(
-        query, docs, ratio=ratio, target_tokens=target_tokens, threshold=threshold, ordering=ordering
-    )
+    result = optimizer.optimize(query, docs, budget=budget, ordering=ordering)
     return _translate(result, documents, metadata_key)
 
 
@@ -225,8 +215,15 @@ class _RagOptSettings(BaseModel):
 
     @model_validator(mode="after")
     def _validate(self) -> Self:
-        _check_settings(self.ratio, self.target_tokens, self.threshold, self.ordering)
+        self._budget()  # at most one, in range
+        if self.ordering is not None:
+            check_ordering(self.ordering)
         return self
+
+    def _budget(self) -> Budget | None:
+        """The budget of each call (None: the optimizer's)."""
+        budget = Budget(ratio=self.ratio, target_tokens=self.target_tokens, threshold=self.threshold)
+        return budget if budget.compresses else None
 
     def _run_many(self, pairs: Sequence[tuple[Any, Any]]) -> list[list[LCDocument] | Exception]:
         """Several (question, documents) pairs through one ``optimize_batch`` (shared forward passes); a pair
@@ -246,9 +243,7 @@ class _RagOptSettings(BaseModel):
             results = self.optimizer.optimize_batch(
                 [q for _, q, _ in todo],
                 [d for _, _, d in todo],
-                ratio=self.ratio,
-                target_tokens=self.target_tokens,
-                threshold=self.threshold,
+                budget=self._budget(),
                 ordering=self.ordering,
             )
             for (i, _, _), result in zip(todo, results, strict=True):
@@ -260,9 +255,7 @@ class _RagOptSettings(BaseModel):
             self.optimizer,
             query,
             documents,
-            ratio=self.ratio,
-            target_tokens=self.target_tokens,
-            threshold=self.threshold,
+            budget=self._budget(),
             ordering=self.ordering,
             metadata_key=self.metadata_key,
             score_key=self.score_key,

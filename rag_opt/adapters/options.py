@@ -1,60 +1,57 @@
-"""The options an adapter takes: its own fields, plus every :class:`~rag_opt.ContextOptimizer` option.
+"""The options an adapter takes: its own fields, plus every option of :class:`~rag_opt.options.OptimizerOptions`.
 
-An adapter (LangChain, LlamaIndex) is built from its own fields (``ratio``, ``ordering``, ...) and, instead of a
-ready ``optimizer``, any option of :class:`~rag_opt.ContextOptimizer` (``keep_best_per_doc``, ``tier``,
-``model``, ...): they build its optimizer. Unknown names are refused, naming the closest known one (a typo such
-as ``rati=0.5`` would otherwise be dropped, and nothing compressed).
+An adapter (LangChain, LlamaIndex, Haystack) is built from its own fields (the budget, ``ordering``, ...) and,
+instead of a ready ``optimizer``, any option of :class:`~rag_opt.options.OptimizerOptions` (``keep_best_per_doc``,
+``tier``, ``model``, ...): they build its optimizer. The names come from the options' declaration, so a new option
+is taken here without an edit. Unknown names are refused, naming the closest known one (a typo such as
+``rati=0.5`` would otherwise be dropped, and nothing compressed).
 """
 
 from __future__ import annotations
 
-import difflib
-import inspect
 from collections.abc import Iterable
-from functools import cache
 from typing import Any
 
-__all__ = ["optimizer_options", "split_options"]
+from rag_opt.options import BUDGET_FIELDS, closest_hint, option_names, options_in_group
 
-# per-call settings every adapter has as fields of its own (they are also ContextOptimizer options); ``budget``
-# (a rag_opt.Budget) is taken too and spread into those fields
-_PER_CALL = ("ratio", "target_tokens", "threshold", "budget", "ordering")
+__all__ = ["optimizer_options", "per_call_options", "split_options"]
 
 
-@cache
+def per_call_options() -> tuple[str, ...]:
+    """The options every adapter has as fields of its own, applied per call: the budget (``budget``, a
+    :class:`~rag_opt.types.Budget`, is spread into its three fields) and the ordering."""
+    return (*options_in_group("budget"), "ordering")
+
+
 def optimizer_options() -> tuple[str, ...]:
-    """The :class:`~rag_opt.ContextOptimizer` options an adapter passes on (not the per-call ones)."""
-    from rag_opt.pipeline import ContextOptimizer
-
-    params = inspect.signature(ContextOptimizer.__init__).parameters
-    return tuple(p for p in params if p != "self" and p not in _PER_CALL)
+    """The :class:`~rag_opt.options.OptimizerOptions` an adapter passes on to its optimizer (not the per-call
+    ones)."""
+    per_call = per_call_options()
+    return tuple(p for p in option_names() if p not in per_call)
 
 
 def split_options(data: Any, fields: Iterable[str], adapter: str) -> Any:
-    """``data`` (an adapter's keyword arguments) with its :class:`~rag_opt.ContextOptimizer` options turned into
-    ``optimizer``; raises ``ValueError`` for an unknown name (with the closest known one) or for options given
-    together with ``optimizer``."""
+    """``data`` (an adapter's keyword arguments) with its optimizer options turned into ``optimizer``; raises
+    ``ValueError`` for an unknown name (with the closest known one) or for options given together with
+    ``optimizer``."""
     if not isinstance(data, dict):
         return data
-    if data.get("budget") is not None and "budget" not in set(fields):  # a Budget, as optimize() takes it
+    known = set(fields)
+    if data.get("budget") is not None and "budget" not in known:  # a Budget, as optimize() takes it
         budget = data["budget"]
-        limits = {k: getattr(budget, k, None) for k in ("ratio", "target_tokens", "threshold")}
+        limits = {k: getattr(budget, k, None) for k in BUDGET_FIELDS}
         if any(data.get(k) is not None for k in limits):
-            raise ValueError(f"{adapter}: give the budget either as budget= or as ratio/target_tokens/threshold")
+            raise ValueError(f"{adapter}: give the budget either as budget= or as {'/'.join(BUDGET_FIELDS)}")
         data = {
             **{k: v for k, v in data.items() if k != "budget"},
             **{k: v for k, v in limits.items() if v is not None},
         }
-    known = set(fields)
     options = optimizer_options()
     unknown = [k for k in data if k not in known and k not in options]
     if unknown:
         choices = sorted(known | set(options))
-        hints = []
-        for name in unknown:
-            close = difflib.get_close_matches(str(name), choices, n=1)
-            hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        raise ValueError(f"{adapter} got unknown option(s) {', '.join(hints)}; it takes {', '.join(choices)}")
+        hints = ", ".join(closest_hint(str(name), choices) for name in unknown)
+        raise ValueError(f"{adapter} got unknown option(s) {hints}; it takes {', '.join(choices)}")
     given = {k: data[k] for k in data if k in options and k not in known}
     if not given:
         return data

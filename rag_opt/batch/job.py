@@ -296,8 +296,8 @@ def run_batch(
         rows_per_part: input rows per output part; a part is written once all its rows are done, and a rerun
             with the same output folder (same rows and settings) skips the parts already there.
         batch_size: rows per ``map_batches`` call.
-        **optimizer_options: :class:`BatchOptimizer` options (``ratio``, ``target_tokens``, ``ordering``,
-            ``language``, ``model``, ...).
+        **optimizer_options: the optimizer's options by name (:class:`~rag_opt.options.OptimizerOptions`: the
+            budget, ``ordering``, ``language``, ``model``, ...), as :class:`BatchOptimizer` takes them.
 
     Output columns: ``row`` (0-based input row), ``id``, ``question`` and :data:`OUTPUT_COLUMNS`.
     """
@@ -305,7 +305,7 @@ def run_batch(
         raise InvalidInputError("actors, rows_per_part and batch_size must be at least 1")
     from rag_opt.pipeline import ContextOptimizer
 
-    ContextOptimizer(**optimizer_options)  # validate the settings here, before any actor starts
+    ContextOptimizer(**optimizer_options)  # validate the options here (names, values), before any actor starts
     t0 = time.perf_counter()
     rows = read_rows(input)
     n = rows.num_rows

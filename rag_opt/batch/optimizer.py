@@ -35,10 +35,11 @@ class BatchOptimizer:
     """Optimizes a batch of rows (``question`` and ``documents`` columns); for ``Dataset.map_batches``.
 
     Args:
-        ratio / target_tokens / threshold: the budget (at most one; see :class:`~rag_opt.ContextOptimizer`).
         preload: load the proxy model in the constructor (once per Ray actor), not on the first batch.
-        **options: every other :class:`~rag_opt.ContextOptimizer` option (``ordering``, ``language``,
-            ``target``, ``model``, ``device``, ...). They must be picklable: Ray sends them to each actor.
+        **options: the optimizer's options by name (:class:`~rag_opt.options.OptimizerOptions`: the budget,
+            ``ordering``, ``language``, ``target``, ``model``, ``device``, ...; an unknown name raises
+            :class:`~rag_opt.errors.InvalidInputError` naming the closest). They must be picklable: Ray sends them to
+            each actor.
 
     A batch is a ``pyarrow.Table`` (``batch_format="pyarrow"``, recommended), a ``pandas.DataFrame`` or a dict of
     arrays; the result is a ``pyarrow.Table``: the input columns (passed through) and :data:`OUTPUT_COLUMNS`.
@@ -47,18 +48,10 @@ class BatchOptimizer:
     that arrives with a non-null ``error`` is passed through untouched (an earlier stage already rejected it).
     """
 
-    def __init__(
-        self,
-        *,
-        ratio: float | None = None,
-        target_tokens: int | None = None,
-        threshold: float | None = None,
-        preload: bool = True,
-        **options: Any,
-    ) -> None:
+    def __init__(self, *, preload: bool = True, **options: Any) -> None:
         from rag_opt.pipeline import ContextOptimizer
 
-        self.optimizer = ContextOptimizer(ratio=ratio, target_tokens=target_tokens, threshold=threshold, **options)
+        self.optimizer = ContextOptimizer(**options)
         if preload and self.optimizer.budget.compresses:
             self.optimizer.scorer()  # the model loads here, once per actor
 

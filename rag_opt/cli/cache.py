@@ -2,6 +2,12 @@
 :mod:`rag_opt.models.cache_disk`): how many encodings it holds, their bytes and how full its bound is; remove the
 least recently used ones down to a bound; or remove them all.
 
+An encoding is not a document: each document block (a document longer than one block has several) has an entry of
+key/value states per depth the probes read, and, for the cross-document reading, one of its source queries; every
+model, precision and depth adds one entry for the shared prompt prefix. ``stats`` reads each entry's header and
+counts them by kind, so ``rag-opt index`` of 10 documents showing 21 encodings (10 blocks' states, their 10 source
+query sets and the prefix) is explained where it is shown.
+
 The disk tier's layout: one ``<key>.safetensors`` file per encoding in a subfolder named after the key's first two
 hex digits; beside it, while it is being written, a ``.<key>.<uuid>.tmp``, and while a process computes it
 (``rag-opt index``), its claim ``.<key>.claim`` (removed once the entry is written). There are no lock files: the
@@ -18,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import struct
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,12 +34,13 @@ from rag_opt.cli.common import UserError
 from rag_opt.errors import InvalidInputError
 from rag_opt.models.cache_disk import DEFAULT_DISK_BYTES, DiskTier, parse_size
 
-__all__ = ["DiskCache", "byte_size", "register", "scan"]
+__all__ = ["DiskCache", "byte_size", "entry_kind", "register", "scan"]
 
 _SHARD = re.compile(r"[0-9a-f]{2}")
 _ENTRY = ".safetensors"
 _LOCK = ".lock"  # older versions' per-entry lock files
 _CLAIM = ".claim"
+_MAX_HEADER = 1 << 20  # an entry's header is a few hundred bytes: a larger one is no entry's
 
 
 @dataclass
@@ -47,6 +56,10 @@ class DiskCache:
     foreign: list[str] = field(default_factory=list)  # anything an encoding cache does not hold
     shards: list[str] = field(default_factory=list)  # the two-hex-digit subfolders
     files: list[str] = field(default_factory=list)  # every file the cache holds (entries and bookkeeping)
+    # with ``kinds=True``: entries by kind (``kv``: a block's or the prefix's key/value states; ``rows``: a block's
+    # source queries; ``unreadable``: no entry header), and the key/value entries by depth (layers)
+    kinds: dict[str, int] = field(default_factory=dict)
+    kv_depths: dict[int, int] = field(default_factory=dict)
 
 
 def _own(name: str, in_shard: bool) -> bool:
@@ -57,8 +70,9 @@ def _own(name: str, in_shard: bool) -> bool:
     return in_shard and name.startswith(".") and name.endswith((".tmp", _CLAIM))
 
 
-def scan(folder: str | Path) -> DiskCache:
-    """The encodings and other files in the disk tier at ``folder`` (raises :class:`UserError` if absent)."""
+def scan(folder: str | Path, *, kinds: bool = False) -> DiskCache:
+    """The encodings and other files in the disk tier at ``folder`` (raises :class:`UserError` if absent); ``kinds``:
+    also read each entry's header to count the entries by kind (:attr:`DiskCache.kinds`)."""
     root = Path(folder).expanduser()
     if not root.is_dir():
         raise UserError(f"cache folder not found: {folder}")
@@ -70,7 +84,38 @@ def scan(folder: str | Path) -> DiskCache:
                 _add(found, sub, in_shard=True)
         else:
             _add(found, item, in_shard=False)
+    if kinds:
+        tally: Counter[str] = Counter()
+        depths: Counter[int] = Counter()
+        for name in found.files:
+            if name.endswith(_ENTRY) and not Path(name).name.startswith("."):
+                kind, depth = entry_kind(name)
+                tally[kind] += 1
+                if kind == "kv" and depth is not None:
+                    depths[depth] += 1
+        found.kinds, found.kv_depths = dict(tally), dict(sorted(depths.items()))
     return found
+
+
+def entry_kind(path: str | Path) -> tuple[str, int | None]:
+    """An entry's kind from its safetensors header (:meth:`~rag_opt.models.kv_codec.EncodedStates.to_bytes` records
+    it): ``("kv", layers)`` for key/value states, ``("rows", layers)`` for source queries, ``("unreadable", None)``
+    for a file without such a header (or one removed meanwhile)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            (n,) = struct.unpack("<Q", head) if len(head) == 8 else (0,)
+            header = json.loads(fh.read(n)) if 0 < n <= _MAX_HEADER else None
+    except (OSError, ValueError):
+        return "unreadable", None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(meta, dict):
+        return "unreadable", None
+    kind, shape = meta.get("kind"), str(meta.get("shape", "")).split("x")
+    if kind not in ("kv", "rows"):
+        return "unreadable", None
+    layers = shape[1] if kind == "kv" and len(shape) > 1 else shape[0]  # kv: 2xLx...; rows: Lx...
+    return kind, int(layers) if layers.isdigit() else None
 
 
 def _add(found: DiskCache, path: Path, *, in_shard: bool) -> None:
@@ -110,7 +155,14 @@ def register(sub: Any) -> None:
         "cache", help="the encoding cache's disk folder (stats, prune, clear) and the model cache (models)"
     )
     inner = p.add_subparsers(dest="cache_command", metavar="ACTION", required=True)
-    stats = inner.add_parser("stats", help="encodings and bytes in a cache folder, and how full its bound is")
+    stats = inner.add_parser(
+        "stats",
+        help="encodings and bytes in a cache folder, how full its bound is, and what the encodings are",
+        description="Count the encodings in a disk tier, their bytes and how full its bound is, and say what they are: "
+        "an encoding is not a document, but a document block's key/value states at one depth the probes read, a "
+        "block's source queries (the cross-document reading), or the shared prompt prefix's states (one per model "
+        "and depth). So rag-opt index of 10 one-block documents writes 21: 10 + 10 + 1.",
+    )
     stats.add_argument("--cache-dir", required=True, help="the encoding cache's disk folder")
     stats.add_argument(
         "--max-bytes",
@@ -163,13 +215,17 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    found = scan(args.cache_dir)
+    found = scan(args.cache_dir, kinds=True)
     bound = int(args.max_bytes)
     fill = found.bytes / bound if bound else 0.0
     if args.json:
-        keep = ("folder", "entries", "bytes", "claims", "legacy_locks")
+        keep = ("folder", "entries", "bytes", "claims", "legacy_locks", "kinds")
         data = {k: v for k, v in asdict(found).items() if k in keep}
-        extra = {"max_bytes": bound, "fill": round(fill, 6)}
+        extra = {
+            "max_bytes": bound,
+            "fill": round(fill, 6),
+            "kv_depths": {str(k): v for k, v in found.kv_depths.items()},
+        }
         print(json.dumps({**data, **extra, "other_files": len(found.other_files), "foreign_files": len(found.foreign)}))
         return 0
     notes = []
@@ -184,7 +240,29 @@ def _stats(args: argparse.Namespace) -> int:
         f"{found.folder}: {found.entries} encodings, {found.bytes} bytes ({_size(found.bytes)}) on disk, "
         f"{fill:.1%} of the {_size(bound)} bound{over}" + "".join(f"; {n}" for n in notes)
     )
+    for line in _kind_lines(found):
+        print(f"  {line}")
     return 0
+
+
+def _kind_lines(found: DiskCache) -> list[str]:
+    """What the encodings are, by kind: an entry is not a document (see the module docstring)."""
+    if not found.entries:
+        return []
+    kv, rows, unreadable = (found.kinds.get(k, 0) for k in ("kv", "rows", "unreadable"))
+    depths = " and ".join(str(d) for d in found.kv_depths)
+    at = f" ({depths} layers deep)" if depths else ""
+    lines = []
+    if kv:
+        lines.append(
+            f"{kv} key/value states{at}: each document block's at each depth the probes read (a long document has "
+            "several blocks), and the shared prompt prefix's, one per model and depth"
+        )
+    if rows:
+        lines.append(f"{rows} source-query sets: each block's, for the cross-document reading")
+    if unreadable:
+        lines.append(f"{unreadable} without an entry header (not written by this rag-opt, or damaged)")
+    return lines
 
 
 def _prune(args: argparse.Namespace) -> int:

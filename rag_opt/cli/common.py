@@ -1,4 +1,5 @@
-"""What the subcommands share: budget and model options (defined once), reading documents, the data folder."""
+"""What the subcommands share: the optimizer's flags (generated from :mod:`rag_opt.options`), reading documents, the
+data folder."""
 
 from __future__ import annotations
 
@@ -7,14 +8,18 @@ import json
 import math
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rag_opt.cli.option_flags import add_option_arguments, option_values
 from rag_opt.errors import RagOptError
-from rag_opt.models.prompt import DEFAULT_ENCODING, ENCODINGS
-from rag_opt.types import DEFAULT_ORDERING, DEFAULT_RATIO, ORDERING_NAMES, TIERS, Budget
+from rag_opt.types import DEFAULT_RATIO, Budget
 
 __all__ = [
+    "HOTPOTQA_TRAIN",
+    "NQ_MULTIDOC",
+    "DataFile",
     "UserError",
     "add_budget_args",
     "add_engine_args",
@@ -43,24 +48,55 @@ def default_data_dir() -> Path:
     return Path(os.environ.get("RAG_OPT_DATA_DIR") or Path.cwd().parent / "shared" / "data")
 
 
-def _number_in(low: float, high: float, name: str, *, open_low: bool) -> Any:
-    """argparse type: a number in ``(low, high]`` (``open_low``) or ``[low, high]``."""
-    interval = f"{'(' if open_low else '['}{low:g}, {high:g}]"
+@dataclass(frozen=True)
+class DataFile:
+    """A public data file the training commands read: what it is, where to get it, and its path in the data folder
+    (:func:`default_data_dir`)."""
 
-    def parse(value: str) -> float:
-        try:
-            x = float(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a number in {interval}, got {value!r}") from None
-        if not (low < x <= high if open_low else low <= x <= high):
-            raise argparse.ArgumentTypeError(f"{name} must be in {interval}, got {value}")
-        return x
+    what: str
+    source: str
+    parts: tuple[str, ...]
 
-    return parse
+    @property
+    def default(self) -> str:
+        return "/".join(self.parts)
+
+    def help(self) -> str:
+        """The ``--help`` text of the option that names it."""
+        return (
+            f"{self.what}. Get it {self.source}. Default: $RAG_OPT_DATA_DIR/{self.default}, else "
+            f"../shared/data/{self.default}"
+        )
+
+    def path(self, given: str | None, flag: str = "--data") -> str:
+        """``given``, else the file in the data folder; a :class:`UserError` saying what it is and where to get it
+        when it is not there."""
+        data = given or str(default_data_dir().joinpath(*self.parts))
+        if not Path(data).is_file():
+            where = "" if given else f" ({flag} not given: the data folder is $RAG_OPT_DATA_DIR, else ../shared/data)"
+            raise UserError(
+                f"data not found: {data}{where}. {flag} is {self.what}. Get it {self.source}, then pass {flag} PATH "
+                "or put it in the data folder"
+            )
+        return data
 
 
-_ratio = _number_in(0, 1, "ratio", open_low=True)
-_probability = _number_in(0, 1, "threshold", open_low=False)
+HOTPOTQA_TRAIN = DataFile(
+    what="HotpotQA questions with sentence-level supporting facts, as JSON lines (gzip'd or not), each "
+    "{_id, question, answer, supporting_facts, context} as in HotpotQA's distractor setting",
+    source="from https://hotpotqa.github.io (hotpot_dev_distractor_v1.json or hotpot_train_v1.1.json, CC BY-SA 4.0), "
+    "one question per line; the shipped probes were trained on part of the dev-distractor file, split by id",
+    parts=("hotpotqa", "train.jsonl.gz"),
+)
+NQ_MULTIDOC = DataFile(
+    what="the NQ multi-document file: NQ-open questions, each with its answers, its gold Wikipedia passage "
+    "(gold_ctx) and retrieved passages that do not contain the answer (distractor_ctxs), as JSON lines (gzip'd or "
+    "not): the multi-document QA setting of Lost in the Middle (Liu et al., 2023)",
+    source="by converting Lost in the Middle's NQ files (https://github.com/nelson-liu/lost-in-the-middle, "
+    "qa_data/30_total_documents/*.jsonl.gz; MIT, text CC BY-SA): in each record's ctxs the passage with isgold "
+    "true is gold_ctx, the others, in order, distractor_ctxs",
+    parts=("nq_multidoc", "public.jsonl.gz"),
+)
 
 
 def nonneg_int(value: str) -> int:
@@ -95,31 +131,20 @@ def positive_float(value: str) -> float:
 
 def add_budget_args(p: argparse.ArgumentParser) -> None:
     """``--ratio`` / ``--target-tokens`` / ``--threshold``, mutually exclusive (a :class:`Budget`; none given:
-    ``--ratio`` :data:`~rag_opt.types.DEFAULT_RATIO`, as on every surface)."""
-    g = p.add_mutually_exclusive_group()
-    g.add_argument(
-        "--ratio",
-        type=_ratio,
-        help=f"fraction of target-LLM tokens to keep, in (0, 1] (default {DEFAULT_RATIO}; 1 keeps everything)",
-    )
-    g.add_argument("--target-tokens", type=nonneg_int, help="token budget in the target LLM's tokens")
-    g.add_argument("--threshold", type=_probability, help="keep sentences whose relevance probability is >= this")
+    ``--ratio`` :data:`~rag_opt.types.DEFAULT_RATIO`, as on every surface): the options of group ``budget``."""
+    add_option_arguments(p, groups=("budget",))
 
 
 def budget_from_args(args: argparse.Namespace) -> Budget:
     """The :class:`Budget` of the parsed budget options (:data:`~rag_opt.types.DEFAULT_RATIO` when none was
     given)."""
-    budget = Budget(ratio=args.ratio, target_tokens=args.target_tokens, threshold=args.threshold)
+    budget = Budget(**option_values(args, groups=("budget",)))
     return budget if budget.compresses else Budget(ratio=DEFAULT_RATIO)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    """``--model`` / ``--device`` / ``--dtype``: which proxy model, where, at what precision."""
-    p.add_argument("--model", help="proxy model: Hugging Face id, local folder or .gguf (default: embedded SmolLM2)")
-    p.add_argument("--device", help="cuda, cpu, ... (default: cuda when available)")
-    p.add_argument(
-        "--dtype", choices=["float32", "bfloat16", "float16", "int8"], help="proxy model dtype (int8 needs torchao)"
-    )
+    """``--model`` / ``--device`` / ``--dtype``: which proxy model, where, at what precision (group ``proxy``)."""
+    add_option_arguments(p, groups=("proxy",))
 
 
 def add_optimizer_args(p: argparse.ArgumentParser) -> None:
@@ -132,102 +157,33 @@ def add_optimizer_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """The optimizer's own options: target, ordering, probe, language, model."""
-    p.add_argument("--target", help="target LLM tokenizer: OpenAI model or tiktoken encoding name, or hf:<id>")
-    p.add_argument(
-        "--ordering",
-        default=DEFAULT_ORDERING,
-        choices=ORDERING_NAMES,
-        help=f"document ordering (default: {DEFAULT_ORDERING})",
-    )
-    p.add_argument("--probe", default="auto", help="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
-    p.add_argument(
-        "--tier",
-        choices=TIERS,
-        default="model",
-        help="model: the proxy's attention through the probe; lexical: BM25 and lexical features, no model, "
-        "milliseconds (default: model)",
-    )
-    p.add_argument(
-        "--encoding",
-        choices=ENCODINGS,
-        default=DEFAULT_ENCODING,
-        help="how the proxy reads the context: parallel (each document on its own, cached) or joint (one pass) "
-        f"(default: {DEFAULT_ENCODING})",
-    )
-    p.add_argument(
-        "--cache-dir",
-        default=None,
-        help="with --encoding parallel: the encoding cache's disk folder (e.g. one filled by 'rag-opt index'); "
-        "default: memory only",
-    )
-    add_language_arg(p)
-    add_title_args(p)
-    add_model_args(p)
+    """The optimizer's own options, every one written as text but the budget (:func:`add_budget_args`): a flag
+    each, generated from :class:`~rag_opt.options.OptimizerOptions`."""
+    add_option_arguments(p.add_argument_group("optimizer options (rag_opt.OptimizerOptions)"))
 
 
 def add_title_args(p: argparse.ArgumentParser) -> None:
     """``--title-keys`` and ``--no-title-from-text``: where a document's title is read (rag_opt.text.titles)."""
-    from rag_opt.text.titles import DEFAULT_TITLE_KEYS
-
-    p.add_argument(
-        "--title-keys",
-        default=",".join(DEFAULT_TITLE_KEYS),
-        help="metadata keys a document's title is read from when it has no title field, in order (a file-name key "
-        f"such as source gives the file's stem; default: {','.join(DEFAULT_TITLE_KEYS)}; '' reads none)",
-    )
-    p.add_argument(
-        "--no-title-from-text",
-        dest="title_from_text",
-        action="store_false",
-        help="do not read a leading heading line of the text as its title (default: read it when there is no other)",
-    )
+    add_option_arguments(p, groups=("titles",))
 
 
 def add_language_arg(p: argparse.ArgumentParser) -> None:
     """``--language``: the documents' language (segmentation and BM25 stopwords follow it)."""
-    p.add_argument(
-        "--language",
-        default="en",
-        help="ISO 639 code of the documents' language (en, de, fr, pt-BR, ...): sentence segmentation and BM25 "
-        "stopwords follow it (default: en; the shipped probe was trained on English)",
-    )
+    add_option_arguments(p, names=("language",))
 
 
 def optimizer_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The :class:`~rag_opt.ContextOptimizer` keyword arguments of the parsed :func:`add_engine_args` options."""
-    return {
-        "model": args.model,
-        "device": args.device,
-        "dtype": args.dtype,
-        "target": args.target,
-        "ordering": args.ordering,
-        "tier": getattr(args, "tier", "model"),
-        "probe": None if args.probe == "none" else args.probe,
-        "keep_best_per_doc": getattr(args, "keep_best_per_doc", False),
-        "keep_first": getattr(args, "keep_first", False),
-        "drop_below_best": getattr(args, "drop_below_best", None),
-        "keep_antecedents": getattr(args, "keep_antecedents", True),
-        "calibrate": getattr(args, "calibrate", True),
-        "language": args.language,
-        "encoding": getattr(args, "encoding", DEFAULT_ENCODING),
-        "cache": getattr(args, "cache_dir", None) or "auto",
-        **title_kwargs(args),
-    }
+    """The :class:`~rag_opt.ContextOptimizer` options of the parsed :func:`add_engine_args` flags."""
+    return option_values(args)
 
 
 def title_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """``title_keys`` and ``title_from_text`` of the parsed :func:`add_title_args` options (none when absent)."""
-    out: dict[str, Any] = {}
-    if getattr(args, "title_keys", None) is not None:
-        out["title_keys"] = tuple(k.strip() for k in args.title_keys.split(",") if k.strip())
-    if hasattr(args, "title_from_text"):
-        out["title_from_text"] = args.title_from_text
-    return out
+    return option_values(args, groups=("titles",))
 
 
 def build_optimizer(args: argparse.Namespace) -> Any:
-    """A ContextOptimizer from the shared model/target/ordering/probe/language arguments."""
+    """A ContextOptimizer from the parsed :func:`add_engine_args` flags."""
     from rag_opt.pipeline import ContextOptimizer
 
     if not args.query.strip():

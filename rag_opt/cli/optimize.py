@@ -15,35 +15,44 @@ from rag_opt.cli.common import (
     build_optimizer,
     read_documents,
 )
+from rag_opt.types import DEFAULT_ORDERING, DEFAULT_RATIO
 
 __all__ = ["register"]
 
 
+OPTIMIZE_DESCRIPTION = f"""\
+Compress and reorder retrieved documents for a question: keep the sentences
+most relevant to --query within the budget (default --ratio {DEFAULT_RATIO}: that share
+of the context's tokens in the target LLM's tokenizer) and order the kept
+documents (default --ordering {DEFAULT_ORDERING}).
+
+Output: the optimized context on standard output; a one-line summary (tokens
+before and after, documents kept, time) and any warnings on standard error.
+--json prints the whole result instead (kept spans, scores, timings).
+
+Input (--input FILE, or - for standard input): JSON lines, one document per
+line, in the retriever's order: a JSON string, or an object
+{{"text": ..., "id": ..., "title": ..., "metadata": {{...}}}} (only "text" is
+required). The first call loads the embedded proxy model (a few seconds);
+--tier lexical needs no model."""
+
+OPTIMIZE_EXAMPLE = """\
+example:
+  echo '{"title": "Honey", "text": "Bees make honey from nectar. It never spoils."}' > docs.jsonl
+  echo '{"title": "Bread", "text": "Bread is baked from flour. It goes stale."}' >> docs.jsonl
+  rag-opt optimize --query "How is honey made?" --input docs.jsonl --ratio 0.5"""
+
+
 def register(sub: Any) -> None:
-    p = sub.add_parser("optimize", help="compress and reorder documents for a query")
+    p = sub.add_parser(
+        "optimize",
+        help="compress and reorder documents for a query",
+        description=OPTIMIZE_DESCRIPTION,
+        epilog=OPTIMIZE_EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_optimizer_args(p)
     add_budget_args(p)
-    p.add_argument("--keep-best-per-doc", action="store_true", help="keep at least the best sentence of each document")
-    p.add_argument("--keep-first", action="store_true", help="always keep each document's first sentence")
-    p.add_argument(
-        "--drop-below-best",
-        type=float,
-        default=None,
-        metavar="SHARE",
-        help="under a budget, drop the documents whose relevance is below SHARE (0-1] of the best one's",
-    )
-    p.add_argument(
-        "--no-antecedents",
-        dest="keep_antecedents",
-        action="store_false",
-        help="keep a sentence opening with It/She/These/... without the sentence before it (default: only with it)",
-    )
-    p.add_argument(
-        "--no-calibrate",
-        dest="calibrate",
-        action="store_false",
-        help="do not position-calibrate document relevance (default: calibrate when a profile exists)",
-    )
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
     p.set_defaults(handler=_optimize)
 
@@ -64,10 +73,12 @@ def _optimize(args: argparse.Namespace) -> int:
     print(result.context())
     saved = result.tokens_saved
     pct = 100.0 * saved / result.tokens_before if result.tokens_before else 0.0
+    t = result.timings
+    loading = f", {t.load_ms:.0f} ms of it loading the {'proxy model' if result.proxy_model else 'lexical probe'}"
     print(
         f"\n--- rag-opt: {result.tokens_before} → {result.tokens_after} tokens ({result.target_tokenizer}), "
         f"saved {saved} ({pct:.0f}%); {len(result.documents)} of {len(docs)} documents kept; "
-        f"scorer: {result.scorer}; {result.timings.total_ms:.0f} ms",
+        f"scorer: {result.scorer}; {t.total_ms:.0f} ms" + (loading if t.load_ms >= 0.5 else ""),
         file=sys.stderr,
     )
     for warning in result.warnings:  # e.g. why nothing was compressed

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rag_opt.cli.common import UserError, default_data_dir
+from rag_opt.cli.common import NQ_MULTIDOC, UserError
 from rag_opt.install import install_hint
 from rag_opt.orderers.reader_profiles import ReaderProfile, ReaderProfileStore, reader_key
 
@@ -28,9 +28,7 @@ def calibrate_reader(args: argparse.Namespace) -> int:
         raise UserError("--n-docs and --contexts must be positive")
     if args.max_requests < 1:
         raise UserError("--max-requests must be positive")
-    data = args.data or str(default_data_dir() / "nq_multidoc" / "public.jsonl.gz")
-    if not Path(data).is_file():
-        raise UserError(f"data not found: {data}")
+    data = NQ_MULTIDOC.path(args.data)
     if args.upstream and args.method == "attention":
         raise UserError(
             "--method attention needs a local model: drop --upstream (a remote reader's attention cannot be read)"

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rag_opt.cli.common import UserError
 from rag_opt.install import install_hint
 
-__all__ = ["register"]
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.server.settings import ProxySettings
+
+__all__ = ["register", "startup_line"]
 
 logger = logging.getLogger("rag_opt.cli")
 
@@ -33,6 +36,25 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=_serve)
 
 
+def startup_line(settings: ProxySettings) -> str:
+    """The line ``rag-opt serve`` prints when it starts: where it listens, the upstreams it forwards to (the Gemini
+    API's only when ``--gemini-upstream`` was given; credentials in a URL shown as ``***``) and how it optimizes."""
+    from rag_opt.server.settings import redact_url
+
+    budget = ", ".join(f"{k}={v}" for k, v in settings.budget.as_kwargs().items() if v is not None)
+    gemini = (
+        f", the Gemini API's paths (/v1beta/...) -> {redact_url(settings.gemini_upstream)}"
+        if "gemini_upstream" in settings.model_fields_set
+        else ""
+    )
+    return (
+        f"rag-opt proxy on http://{settings.host}:{settings.port}/v1 -> {redact_url(settings.upstream)}{gemini} "
+        f"({budget}, ordering={settings.options.ordering}, time budget {settings.time_budget_ms:.0f} ms, "
+        f"{settings.max_concurrency} worker(s), queue {settings.queue_bound}, on overload {settings.on_overload}, "
+        f"proxy key {'required' if settings.api_key is not None else 'off'})"
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         import starlette  # noqa: F401
@@ -44,25 +66,16 @@ def _serve(args: argparse.Namespace) -> int:
     from rag_opt.server.http import uvicorn_options
 
     tune_native_memory()  # a long-running process: keep native memory flat (before the model loads)
-    from rag_opt.server.settings import redact_url
     from rag_opt.server.settings_cli import settings_from_args
 
     settings = settings_from_args(args)
-    if settings.probe not in (None, "auto", "none"):  # validate a probe file before serving (not at first use)
+    if settings.options.probe not in (None, "auto"):  # validate a probe file before serving (not at first use)
         from rag_opt.compressors.probe import Probe
 
-        Probe.load(settings.probe)
+        Probe.load(settings.options.probe)
     app = create_app(settings)
     logging.getLogger("rag_opt").setLevel(min(logging.getLogger().getEffectiveLevel(), logging.INFO))
-    budget = ", ".join(f"{k}={v}" for k, v in settings.budget.as_kwargs().items() if v is not None)
-    print(
-        f"rag-opt proxy on http://{settings.host}:{settings.port}/v1 -> {redact_url(settings.upstream)}, /v1beta "
-        f"(Gemini) -> {redact_url(settings.gemini_upstream)} ({budget}, "
-        f"ordering={settings.ordering}, time budget {settings.time_budget_ms:.0f} ms, "
-        f"{settings.max_concurrency} worker(s), queue {settings.queue_bound}, on overload {settings.on_overload}, "
-        f"proxy key {'required' if settings.api_key is not None else 'off'})",
-        file=sys.stderr,
-    )
+    print(startup_line(settings), file=sys.stderr)
     if settings.host not in _LOOPBACK and settings.api_key is None:
         logger.warning(
             "listening on %s without --api-key: anyone who can reach this port can send requests through it "

@@ -88,10 +88,10 @@ def _serve_ray(args: argparse.Namespace) -> int:
     from rag_opt.server.settings_cli import settings_from_args
 
     settings = settings_from_args(args)
-    if settings.probe not in (None, "auto", "none"):  # validate a probe file before deploying (not in a replica)
+    if settings.options.probe not in (None, "auto"):  # validate a probe file before deploying (not in a replica)
         from rag_opt.compressors.probe import Probe
 
-        Probe.load(settings.probe)
+        Probe.load(settings.options.probe)
     address = args.ray_address or os.environ.get("RAY_ADDRESS")
     if args.detach and not address:
         raise UserError(
@@ -121,7 +121,7 @@ def _serve_ray(args: argparse.Namespace) -> int:
         url = deploy(app, settings, name=args.app_name)
         print(
             f"rag-opt on Ray Serve: {url}/v1 -> {redact_url(settings.upstream)} ({args.replicas} replica(s), "
-            f"{args.routing} routing, encoding {settings.encoding}, shared cache "
+            f"{args.routing} routing, encoding {settings.options.encoding}, shared cache "
             f"{'on' if settings.encoding_cache_url else 'off'}, proxy key "
             f"{'required' if settings.api_key is not None else 'off'})",
             file=sys.stderr,

@@ -7,17 +7,33 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rag_opt.cli.common import UserError, add_model_args, default_data_dir, nonneg_int, positive_float, positive_int
+from rag_opt.cli.common import (
+    HOTPOTQA_TRAIN,
+    NQ_MULTIDOC,
+    UserError,
+    add_model_args,
+    nonneg_int,
+    positive_float,
+    positive_int,
+)
 from rag_opt.install import install_hint
 
 __all__ = ["register"]
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("calibrate", help="measure the proxy's positional attention profile (cached on disk)")
+    p = sub.add_parser(
+        "calibrate",
+        help="measure the proxy's positional attention profile (cached on disk)",
+        description="Measure how much attention the proxy model (or, with --reader, the model that reads the context) "
+        "gives each document slot, for --n-docs documents, on NQ questions; ordering='calibrated' and document "
+        "relevance use the profile. The embedded model's profiles for 10, 20 and 30 documents are shipped: this is "
+        "needed for other numbers of documents or other models. Data: --data, the NQ multi-document file (see "
+        "--data below).",
+    )
     p.add_argument("--n-docs", type=int, required=True, help="number of documents (slots) to calibrate for")
     p.add_argument("--contexts", type=int, default=50, help="calibration contexts to average (default 50)")
-    p.add_argument("--data", default=None, help="NQ multi-doc JSONL(.gz) (default ../shared/data/nq_multidoc)")
+    p.add_argument("--data", default=None, help=NQ_MULTIDOC.help())
     p.add_argument("--store", default=None, help="profile folder (default <rag-opt cache>/calibration)")
     p.add_argument(
         "--plot", default=None, help="where to write the PNG of the profile (default: next to the profile JSON)"
@@ -55,8 +71,15 @@ def register(sub: Any) -> None:
     add_model_args(p)
     p.set_defaults(handler=_calibrate)
 
-    p = sub.add_parser("train-probe", help="train the sentence-relevance probe on HotpotQA")
-    _add_probe_args(p, data=_HOTPOT_HELP, model_features=True)
+    p = sub.add_parser(
+        "train-probe",
+        help="train the sentence-relevance probe on HotpotQA",
+        description="Train the sentence-relevance probe (what ContextOptimizer(probe=...) reads) on HotpotQA's "
+        "supporting facts: the proxy model reads each question's context (slow on a CPU; the features are cached "
+        "under --cache). Data: --data, HotpotQA with sentence-level supporting facts, and with --nq N also --nq-data, "
+        "the NQ multi-document file (see each option below for what it is and where to get it).",
+    )
+    _add_probe_args(p, data=HOTPOTQA_TRAIN.help(), model_features=True)
     _add_context(p)
     p.add_argument(
         "--nq",
@@ -64,7 +87,7 @@ def register(sub: Any) -> None:
         default=0,
         help="also learn from the answer sentences of this many NQ train contexts of 10 documents (default 0)",
     )
-    p.add_argument("--nq-data", default=None, help="NQ multi-doc JSONL(.gz) (default ../shared/data/nq_multidoc)")
+    p.add_argument("--nq-data", default=None, help=NQ_MULTIDOC.help())
     p.add_argument(
         "--nq-weight",
         type=positive_float,
@@ -101,7 +124,7 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=_train_probe)
 
     p = sub.add_parser("train-doc-probe", help="train the document relevance probe on NQ (its train split)")
-    _add_probe_args(p, data="NQ multi-doc JSONL(.gz) (default ../shared/data/nq_multidoc)", model_features=True)
+    _add_probe_args(p, data=NQ_MULTIDOC.help(), model_features=True)
     p.add_argument("--n-docs", default="20", help="comma-separated numbers of documents to train with (default 20)")
     p.add_argument("--store", default=None, help="calibration profile folder (default <rag-opt cache>/calibration)")
     p.add_argument(
@@ -124,13 +147,10 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=_train_doc_probe)
 
     p = sub.add_parser("train-lexical-probe", help="train the lexical-tier probe on HotpotQA (no model needed)")
-    _add_probe_args(p, data=_HOTPOT_HELP, model_features=False)
+    _add_probe_args(p, data=HOTPOTQA_TRAIN.help(), model_features=False)
     _add_context(p)
     _add_title_mix(p)
     p.set_defaults(handler=_train_lexical_probe)
-
-
-_HOTPOT_HELP = "HotpotQA train JSONL(.gz) (default ../shared/data/hotpotqa/train.jsonl.gz)"
 
 
 def _add_probe_args(p: argparse.ArgumentParser, *, data: str, model_features: bool) -> None:
@@ -192,13 +212,6 @@ def _add_layers(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _data(arg: str | None, *parts: str) -> str:
-    data = arg or str(default_data_dir().joinpath(*parts))
-    if not Path(data).is_file():
-        raise UserError(f"data not found: {data}")
-    return data
-
-
 def _feature_cache(arg: str | None) -> str:
     from rag_opt.paths import cache_dir
 
@@ -228,7 +241,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         profile = shipped
         print(f"using the profile shipped with rag-opt ({profile.contexts} contexts); --force measures your own")
     elif profile is None:
-        data = _data(args.data, "nq_multidoc", "public.jsonl.gz")
+        data = NQ_MULTIDOC.path(args.data)
         contexts = nq_calibration_contexts(args.n_docs, args.contexts, data)
         profile = estimate_profile(
             proxy, contexts, args.n_docs, metadata={"data": "nq_multidoc calibration split (distractors only)"}
@@ -255,7 +268,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 def _train_doc_probe(args: argparse.Namespace) -> int:
     from rag_opt.training.doc_probe import train_doc_probe_cli
 
-    data = _data(args.data, "nq_multidoc", "public.jsonl.gz")
+    data = NQ_MULTIDOC.path(args.data)
     try:
         n_docs = [int(x) for x in args.n_docs.split(",")]
     except ValueError:
@@ -318,13 +331,15 @@ def _train_probe(args: argparse.Namespace) -> int:
         raise UserError("--nq-weight weighs the NQ training contexts: give --nq N too")
     if not hidden and args.linear_blocks is not None:
         raise UserError("--linear-blocks passes features around a hidden layer: drop it, or give --hidden N")
+    data = HOTPOTQA_TRAIN.path(args.data)  # the files first: a missing one is said before any work
+    nq_data = NQ_MULTIDOC.path(args.nq_data, "--nq-data") if args.nq else None
     mlp = MLPConfig(hidden=hidden) if hidden else None
     if mlp is not None and args.members:
         mlp = replace(mlp, members=args.members)
     if mlp is not None and args.linear_blocks is not None:
         mlp = replace(mlp, linear_blocks=_linear_blocks(args.linear_blocks))
     train_probe_cli(
-        data=_data(args.data, "hotpotqa", "train.jsonl.gz"),
+        data=data,
         out=args.out,
         model=args.model,
         limit=args.limit,
@@ -335,7 +350,7 @@ def _train_probe(args: argparse.Namespace) -> int:
         layers=args.layers,
         dtype=args.dtype,
         context=_context(args.context),
-        nq_data=_data(args.nq_data, "nq_multidoc", "public.jsonl.gz") if args.nq else None,
+        nq_data=nq_data,
         nq_limit=args.nq,
         encoding=args.encoding,
         cached_only=args.cached_only,
@@ -364,7 +379,7 @@ def _train_lexical_probe(args: argparse.Namespace) -> int:
     from rag_opt.training.lexical_probe import LEXICAL_CONTEXT, train_lexical_probe
 
     probe = train_lexical_probe(
-        _data(args.data, "hotpotqa", "train.jsonl.gz"),
+        HOTPOTQA_TRAIN.path(args.data),
         args.out,
         limit=args.limit,
         seed=args.seed,

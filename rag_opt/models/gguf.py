@@ -72,7 +72,10 @@ def converted_gguf_dir(source: ModelSource, dtype: str = "float32") -> Path:
     in next to the copy (1.2 GiB peak RSS instead of 0.6 for the embedded model).
     """
     stem = source.name.replace(":", "-").replace("/", "-")
-    folder = cache_dir() / "models" / f"{stem}-{content_key(source.paths)}"
+    key = content_key(source.paths)
+    folder = cache_dir() / "models" / f"{stem}-{key}"
+    if not _complete(folder):  # the same files converted under another name (the embedded model by its path): reused
+        folder = _converted_as(folder.parent, key) or folder
     _once(folder, lambda: _convert_gguf(source, folder))
     if dtype == "float32":
         return folder
@@ -81,12 +84,26 @@ def converted_gguf_dir(source: ModelSource, dtype: str = "float32") -> Path:
     return half
 
 
+def _complete(folder: Path) -> bool:
+    return (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+
+
+def _converted_as(models: Path, key: str) -> Path | None:
+    """A complete float32 folder converted from files of content key ``key`` under any name (the first by name), or
+    None: a GGUF file given by its path and the embedded model it is share one conversion (~0.5 GB each)."""
+    try:
+        found = sorted(p for p in models.glob(f"*-{key}") if p.is_dir() and _complete(p))
+    except OSError:
+        return None
+    return found[0] if found else None
+
+
 def _once(folder: Path, make: Callable[[], None]) -> None:
-    if (folder / "config.json").is_file() and (folder / "model.safetensors").is_file():
+    if _complete(folder):
         return
     folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder.with_suffix(".lock"))):  # two processes never convert the same model at once
-        if not ((folder / "config.json").is_file() and (folder / "model.safetensors").is_file()):
+        if not _complete(folder):
             make()
 
 

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -212,18 +215,22 @@ def _load(source: ModelSource, device: str, dtype_name: str, trust_remote_code: 
         local_only = source.kind == "hub" and _hub_cached(location)
         if source.kind == "hub" and not local_only:
             _check_hub_reachable(source)
-    logger.info("loading proxy model %s from %s on %s (%s)", source.name, location, device, dtype_name)
+    logger.debug("loading proxy model %s from %s on %s (%s)", source.name, location, device, dtype_name)
+    t0 = time.perf_counter()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            location, local_files_only=local_only, trust_remote_code=trust_remote_code
-        )
-        hf_model = AutoModelForCausalLM.from_pretrained(
-            location,
-            dtype=dtype,
-            attn_implementation=ATTN_IMPLEMENTATION,
-            local_files_only=local_only,
-            trust_remote_code=trust_remote_code,
-        )
+        # from local files: no "Loading weights" progress bar on every use (the INFO line below says it); a download
+        # from the hub keeps its progress bars
+        with _no_progress_bars(source.kind != "hub" or local_only):
+            tokenizer = AutoTokenizer.from_pretrained(
+                location, local_files_only=local_only, trust_remote_code=trust_remote_code
+            )
+            hf_model = AutoModelForCausalLM.from_pretrained(
+                location,
+                dtype=dtype,
+                attn_implementation=ATTN_IMPLEMENTATION,
+                local_files_only=local_only,
+                trust_remote_code=trust_remote_code,
+            )
     except OSError as exc:
         raise ModelNotFoundError(
             f"could not load proxy model {source.name!r} ({source.description}): {exc}. For a Hugging Face id "
@@ -236,6 +243,37 @@ def _load(source: ModelSource, device: str, dtype_name: str, trust_remote_code: 
     hf_model.eval()
     if dtype_name == "int8":
         _quantize_int8(hf_model)
+    logger.info(
+        "loaded proxy model %s from %s on %s (%s) in %.1f s",
+        source.name,
+        location,
+        device,
+        dtype_name,
+        time.perf_counter() - t0,
+    )
     return ProxyModel(
         source=source, model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype, precision_name=dtype_name
     )
+
+
+@contextmanager
+def _no_progress_bars(quiet: bool) -> Iterator[None]:
+    """With ``quiet``, transformers' progress bars ("Loading weights") off inside the block, then as they were (the
+    Hugging Face hub's global setting too, which transformers' switch also sets). Where ``HF_HUB_DISABLE_PROGRESS_BARS``
+    is set, it decides, as the hub's own rule is."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import are_progress_bars_disabled
+    from huggingface_hub.utils import disable_progress_bars as hub_disable
+    from transformers.utils import logging as hf_logging
+
+    if not quiet or constants.HF_HUB_DISABLE_PROGRESS_BARS is not None or not hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    hub_was_off = are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.enable_progress_bar()
+        if hub_was_off:
+            hub_disable()

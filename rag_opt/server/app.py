@@ -85,6 +85,8 @@ def _warm_up(state: ProxyState) -> None:
     state.targets.preload()  # the target tokenizers a request may name (failures logged)
     try:
         state.optimizer.optimize(_WARMUP_QUERY, _WARMUP_DOCS, ratio=0.5)
+        if state.lexical_tier:  # its probe too: when it steps in for a slow first request, it has a tenth of the budget
+            state.optimizer.lexical_scorer()  # type: ignore[attr-defined]
     except Exception as exc:  # the proxy still serves: requests are forwarded unoptimized
         state.optimizer_state = "failed"
         logger.error(

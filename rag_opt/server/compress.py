@@ -393,7 +393,7 @@ class Compressor:
             req.question,
             documents,
             req.budget.budget() if req.budget is not None else s.budget,
-            req.ordering or s.ordering,
+            req.ordering or s.options.ordering,
             language=req.language,
             target=req.target,
             tier=req.tier,
@@ -431,7 +431,7 @@ class Compressor:
     def _answer(self, job: Job, attempt: Attempt, explain: bool = False) -> CompressResponse:
         s = self.state.settings
         # the language used: the request's, else the optimizer's own (the server's --language, for the one it built)
-        language = job.language or getattr(self.state.optimizer, "language", None) or s.language
+        language = job.language or getattr(self.state.optimizer, "language", None) or s.options.language
         common: dict[str, Any] = {"ordering": job.ordering, "language": language}
         result = attempt.result
         if result is None:

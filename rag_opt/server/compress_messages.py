@@ -316,7 +316,7 @@ class MessagesCompressor:
             attempt = self.engine.failed("limit", t0)
             return await self._answer(headers, req, [], "fail_open", attempt.told, t0, size, config, ignored)
         budget = config.budget() or (options.budget if options is not None else None) or s.budget
-        ordering = config.ordering or (options.ordering if options is not None else None) or s.ordering
+        ordering = config.ordering or (options.ordering if options is not None else None) or s.options.ordering
         language = config.language or (options.language if options is not None else None)
         namespace = request_namespace(s, headers)
         contexts = [
@@ -337,7 +337,7 @@ class MessagesCompressor:
 
     async def _check(self, config: MessagesConfig) -> None:
         """A RequestError for a tier or a target this server cannot serve (as for the documents contract)."""
-        ordering = config.ordering or self.state.settings.ordering
+        ordering = config.ordering or self.state.settings.options.ordering
         if config.tier == "lexical" and not self.engine.lexical_available(ordering):
             why = self.engine.no_lexical_note(ordering) or "the lexical tier is off on this server"
             raise RequestError(f"config.tier: {why}", "config.tier", "invalid_request")
@@ -427,7 +427,7 @@ class MessagesCompressor:
                 encoding = encoding or result.encoding
                 if s.expose_cache_hits and result.encoding == "parallel":
                     hits.append((result.cache_hits, result.cache_misses))
-        language = config.language or getattr(self.state.optimizer, "language", None) or s.language
+        language = config.language or getattr(self.state.optimizer, "language", None) or s.options.language
         tier: Literal["model", "lexical", "mixed", "none"] = (
             "mixed" if len(tiers) > 1 else "model" if "model" in tiers else "lexical" if tiers else "none"
         )
@@ -439,7 +439,7 @@ class MessagesCompressor:
             messages_changed=sorted(changed),
             contexts=stats,
             target_tokenizer=target,
-            ordering=contexts[0].job.ordering if contexts else config.ordering or s.ordering,
+            ordering=contexts[0].job.ordering if contexts else config.ordering or s.options.ordering,
             language=language,
             encoding=encoding,
             cache_hits=sum(h[0] or 0 for h in counted) if counted else None,

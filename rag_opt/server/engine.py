@@ -16,8 +16,8 @@ runs out (``timeout``). Without it, an overload fails open, or raises :class:`~r
 with ``--on-overload reject`` (the route answers 429); a timeout, an error or a context over the work limits
 (``--max-question-tokens``, ``--max-units``, ``--max-proxy-tokens``) fail open.
 
-The lexical tier has the same limits as the model and what is left of the request's time budget (at least a tenth of
-it: one budget per request, answered within 1.1 budgets: :func:`lexical_budget_s`), on a pool of its own
+The lexical tier has the same limits as the model and what is left of the request's time budget (at least a twentieth
+of it: one budget per request, answered within 1.1 budgets: :func:`lexical_budget_s`), on a pool of its own
 (:attr:`~rag_opt.server.state.ProxyState.lexical_pool`: a worker per core, ``--max-lexical-queue`` waiting): a
 job it does not admit or that runs out of budget fails open (``overload``, ``timeout``), or, when it asked for the
 lexical tier, raises :class:`~rag_opt.server.errors.Overloaded` under ``--on-overload reject``.
@@ -130,13 +130,14 @@ def overloaded_response(exc: Overloaded, time_budget_ms: float, fmt: ErrorFormat
     )
 
 
-LEXICAL_FLOOR = 0.1  # the lexical tier's time when the request's budget is spent: this share of the budget
+LEXICAL_FLOOR = 0.05  # the lexical tier's time when the request's budget is spent: this share of the budget
 
 
 def lexical_budget_s(budget_s: float, t0: float, now: float | None = None) -> float:
     """What is left of a request's time budget ``budget_s`` since ``t0`` (``time.perf_counter()``) for the lexical
     tier: one budget per request, not a fresh one after the model spent it. At least :data:`LEXICAL_FLOOR` of the
-    budget (the lexical tier takes milliseconds), so a request is answered within 1.1 budgets."""
+    budget (the lexical tier takes milliseconds), so a request is answered within 1.1 budgets (1.05 and the
+    response's own time)."""
     elapsed = (time.perf_counter() if now is None else now) - t0
     return max(budget_s - elapsed, LEXICAL_FLOOR * budget_s)
 

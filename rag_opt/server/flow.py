@@ -193,7 +193,7 @@ class ContextFlow:
             plan.query,
             documents,
             options.budget if options.budget is not None else s.budget,
-            options.ordering or s.ordering,
+            options.ordering or s.options.ordering,
             language=options.language,
             namespace=self.namespace(request),
         )

@@ -20,19 +20,19 @@ import os
 import re
 import types
 from collections.abc import Mapping
-from typing import Any, Literal, Union, get_args, get_origin
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
-from rag_opt.errors import ConfigurationError, InvalidInputError
+from rag_opt.errors import ConfigurationError
 from rag_opt.models.cache_disk import DEFAULT_DISK_BYTES
 from rag_opt.models.encoding_cache import DEFAULT_CACHE_BYTES
 from rag_opt.models.kv_codec import DEFAULT_FORMAT, FORMATS
-from rag_opt.models.prompt import DEFAULT_ENCODING, ENCODINGS, template_for
-from rag_opt.text.language import check_language
-from rag_opt.text.titles import DEFAULT_TITLE_KEYS
-from rag_opt.types import DEFAULT_ORDERING, DEFAULT_RATIO, ORDERING_NAMES, Budget, check_ordering
+from rag_opt.options import BUDGET_FIELDS, OptimizerOptions
+from rag_opt.server.option_settings import options_settings_model, settings_options
+from rag_opt.types import DEFAULT_RATIO, Budget
 from rag_opt.work import DEFAULT_LIMITS
 
 __all__ = [
@@ -48,7 +48,6 @@ __all__ = [
 ]
 
 ENV_PREFIX = "RAG_OPT_"
-BUDGET_FIELDS = ("ratio", "target_tokens", "threshold")
 _SECRETS = ("api_key", "upstream_api_key", "gemini_upstream_api_key")
 FD_RESERVE = 64  # file descriptors kept for the listening socket, logs, model files, ...
 MIN_PROXY_KEY_CHARS = 16  # a proxy key is removed wherever it appears in a header: shorter ones match by chance
@@ -79,8 +78,19 @@ def redact_url(url: str) -> str:
     return re.sub(r"^(https?://)[^/@\s]*@", r"\1***@", url)
 
 
-class ProxySettings(BaseModel):
+if TYPE_CHECKING:  # pragma: no cover - its fields are generated: typed code reads them as ProxySettings.options
+    _OptimizerSettings = BaseModel
+else:
+    _OptimizerSettings = options_settings_model()
+
+
+class ProxySettings(_OptimizerSettings):
     """Configuration of ``rag-opt serve``; each field's description is its command-line help.
+
+    The optimizer's options (``ratio``, ``ordering``, ``language``, ``proxy_model`` for ``model``, ...) are settings
+    generated from :class:`~rag_opt.options.OptimizerOptions` (:mod:`rag_opt.server.option_settings`); typed code
+    reads them as :attr:`options`. The server sets its own way the ones it does not take (``threads``: its own
+    setting here; the encoding cache: ``encoding_cache*``; ``tier``, ``limits`` and ``over_limit``: per request).
 
     The compression budget is one of ``ratio`` (default 0.5 when none is given), ``target_tokens`` or
     ``threshold``; a request may override it (``rag_opt`` field or ``x-ragopt-*`` headers).
@@ -106,28 +116,7 @@ class ProxySettings(BaseModel):
         description="replace the clients' credentials (x-goog-api-key, ?key=, Authorization...) with this key, sent as "
         "x-goog-api-key, on the Gemini API's paths (--upstream-api-key never goes there); never logged",
     )
-    # compression
-    ratio: float | None = Field(
-        default=None, gt=0, le=1, description=f"fraction of context tokens to keep, in (0, 1] (default {DEFAULT_RATIO})"
-    )
-    target_tokens: int | None = Field(default=None, ge=0, description="context token budget in the target LLM's tokens")
-    threshold: float | None = Field(
-        default=None, ge=0, le=1, description="keep sentences whose relevance probability is >= this"
-    )
-    ordering: str = Field(default=DEFAULT_ORDERING, description=f"document ordering: {', '.join(ORDERING_NAMES)}")
-    drop_below_best: float | None = Field(
-        default=None,
-        gt=0,
-        le=1,
-        description="under a budget, drop the documents whose relevance is below this share of the best one's "
-        "(0.05 suits single-answer questions; off by default: it drops the bridge documents of multi-hop ones)",
-        json_schema_extra={"metavar": "SHARE"},
-    )
-    target: str | None = Field(
-        default=None,
-        description="tokenizer of the upstream LLM, budgets are in its tokens: OpenAI model or tiktoken encoding "
-        "name, or hf:<id>",
-    )
+    # compression: the optimizer's options are generated settings (rag_opt.server.option_settings)
     allowed_targets: str | None = Field(
         default=None,
         description="comma-separated tokenizers a /v1/compress request may name as its target, matched as written "
@@ -136,38 +125,6 @@ class ProxySettings(BaseModel):
         "refused before anything loads (default: o200k_base and cl100k_base, bundled for offline use; --target "
         "is always allowed)",
         json_schema_extra={"metavar": "TARGETS"},
-    )
-    language: str = Field(
-        default="en",
-        description="ISO 639 code of the documents' language (en, de, fr, pt-BR, ...): sentence segmentation and "
-        "BM25 stopwords follow it; a request may give its own (x-ragopt-language, rag_opt.language)",
-    )
-    title_keys: str = Field(
-        default=",".join(DEFAULT_TITLE_KEYS),
-        description="comma-separated metadata keys a document's title is read from when it has no title field, in "
-        "order (a file-name key such as source gives the file's stem; empty: none)",
-        json_schema_extra={"metavar": "KEYS"},
-    )
-    title_from_text: bool = Field(
-        default=True,
-        description="read a leading heading line of a document's text as its title when it has no other",
-    )
-    proxy_model: str | None = Field(
-        default=None,
-        description="proxy model: Hugging Face id, local folder or .gguf (default: the embedded SmolLM2)",
-        json_schema_extra={"flag": "--model"},
-    )
-    device: str | None = Field(default=None, description="cuda, cpu, ... (default: cuda when available)")
-    dtype: str | None = Field(
-        default=None, description="proxy model dtype", json_schema_extra={"choices": ["float32", "bfloat16", "float16"]}
-    )
-    probe: str | None = Field(default="auto", description="probe JSON path, 'auto' (shipped) or 'none' (raw attention)")
-    encoding: str = Field(
-        default=DEFAULT_ENCODING,
-        description="how the proxy model reads the context: parallel (each document on its own, its encoding kept in "
-        "the encoding cache: a request whose documents are cached costs only its question) or joint (one pass over "
-        "the whole context)",
-        json_schema_extra={"choices": list(ENCODINGS)},
     )
     encoding_cache: bool = Field(
         default=True,
@@ -246,7 +203,7 @@ class ProxySettings(BaseModel):
         default=10_000.0,
         gt=0,
         description="time budget of one request's optimization: past it the lexical tier answers with what is left "
-        "(at least a tenth of the budget), or, with --no-lexical-tier, the request is forwarded unoptimized",
+        "(at least a twentieth of the budget), or, with --no-lexical-tier, the request is forwarded unoptimized",
     )
     max_concurrency: int = Field(default=1, ge=1, description="optimizations running at once (worker threads)")
     max_queue: int | None = Field(
@@ -345,7 +302,6 @@ class ProxySettings(BaseModel):
     connect_timeout: float = Field(default=10.0, gt=0, description="seconds to connect to the upstream")
     read_timeout: float = Field(default=600.0, gt=0, description="seconds between bytes from the upstream")
     warmup: bool = Field(default=True, description="load the proxy model at start-up, in the background")
-    trust_remote_code: bool = Field(default=False, description="let transformers run a hub proxy model's own code")
     # security
     api_key: SecretStr | None = Field(
         default=None,
@@ -380,14 +336,14 @@ class ProxySettings(BaseModel):
         """``max_queue``, or its default for the encoding."""
         if self.max_queue is not None:
             return self.max_queue
-        return PARALLEL_QUEUE if self.encoding == "parallel" else JOINT_QUEUE
+        return PARALLEL_QUEUE if self.options.encoding == "parallel" else JOINT_QUEUE
 
     @property
     def batch_bound(self) -> int:
         """``max_batch``, or its default for the encoding."""
         if self.max_batch is not None:
             return self.max_batch
-        return PARALLEL_BATCH if self.encoding == "parallel" else JOINT_BATCH
+        return PARALLEL_BATCH if self.options.encoding == "parallel" else JOINT_BATCH
 
     @field_validator("upstream", "gemini_upstream")
     @classmethod
@@ -471,31 +427,6 @@ class ProxySettings(BaseModel):
             raise ConfigurationError(f"must be 'auto', 'adaptive' or a positive number of threads, got {v!r}")
         return v
 
-    @field_validator("ordering")
-    @classmethod
-    def _ordering(cls, v: str) -> str:
-        return check_ordering(v)
-
-    @field_validator("language")
-    @classmethod
-    def _language(cls, v: str) -> str:
-        return check_language(v)
-
-    @property
-    def title_key_list(self) -> tuple[str, ...]:
-        """:attr:`title_keys` as the optimizer takes them."""
-        return tuple(k.strip() for k in self.title_keys.split(",") if k.strip())
-
-    @field_validator("encoding")
-    @classmethod
-    def _encoding(cls, v: str) -> str:
-        v = str(v).strip()
-        try:
-            template_for(v)
-        except InvalidInputError:
-            raise ConfigurationError(f"must be one of {', '.join(ENCODINGS)}, got {v!r}") from None
-        return v
-
     @field_validator("encoding_cache_dir")
     @classmethod
     def _cache_dir(cls, v: str | None) -> str | None:
@@ -554,7 +485,13 @@ class ProxySettings(BaseModel):
     @property
     def budget(self) -> Budget:
         """The default budget (a request may give its own)."""
-        return Budget(ratio=self.ratio, target_tokens=self.target_tokens, threshold=self.threshold)
+        return Budget(**{k: getattr(self, k) for k in BUDGET_FIELDS})
+
+    @cached_property
+    def options(self) -> OptimizerOptions:
+        """The optimizer's options these settings give (:func:`~rag_opt.server.option_settings.settings_options`):
+        the server's optimizer is built from them, with the server's own ``threads`` and encoding cache."""
+        return settings_options(self)
 
     @classmethod
     def from_sources(cls, cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> ProxySettings:

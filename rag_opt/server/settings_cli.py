@@ -38,17 +38,25 @@ def add_settings_arguments(
     descriptions: Mapping[str, str] | None = None,
 ) -> None:
     """Add one command-line flag per :class:`ProxySettings` field to ``parser`` (help: the field's description;
-    ``--ratio``, ``--target-tokens`` and ``--threshold`` exclude each other). A flag not given leaves its
+    the optimizer's options under their own heading; ``--ratio``, ``--target-tokens`` and ``--threshold`` exclude
+    each other). A flag not given leaves its
     attribute None, so :func:`settings_from_args` falls back to the environment, then the default. ``names``:
     only these fields (another command's flags for the same settings, e.g. :data:`SERVICE_LIMITS`), described by
     ``descriptions`` where it has one of its own (its default, bounds and variable stay the field's)."""
     wanted = set(ProxySettings.model_fields if names is None else names)
-    budget = parser.add_mutually_exclusive_group() if wanted & set(BUDGET_FIELDS) else parser
-    for name, info in ProxySettings.model_fields.items():
+    # the optimizer's options (generated from rag_opt.options) after the server's own settings, under a heading
+    own = [n for n, info in ProxySettings.model_fields.items() if "option" not in field_extra(info)]
+    options = [n for n in ProxySettings.model_fields if n not in own]
+    group = parser
+    if isinstance(parser, argparse.ArgumentParser) and wanted & set(options):
+        group = parser.add_argument_group("optimizer options (rag_opt.OptimizerOptions)")
+    budget = group.add_mutually_exclusive_group() if wanted & set(BUDGET_FIELDS) else group
+    for name in [*own, *options]:
         if name not in wanted:
             continue
+        info = ProxySettings.model_fields[name]
         flag, base = cli_flag(name), base_type(info.annotation)
-        target = budget if name in BUDGET_FIELDS else parser
+        target = budget if name in BUDGET_FIELDS else parser if name in own else group
         described = (descriptions or {}).get(name)
         if base is bool:
             target.add_argument(

@@ -16,9 +16,10 @@ from rag_opt.server.upstream import Upstream
 from rag_opt.telemetry import SpanRecorder
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rag_opt.pipeline import ContextOptimizer
     from rag_opt.types import OptimizeResult
 
-__all__ = ["Optimizer", "ProxyState", "build_encoding_cache"]
+__all__ = ["Optimizer", "ProxyState", "build_encoding_cache", "build_optimizer"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ class Optimizer(Protocol):
 def build_encoding_cache(settings: ProxySettings) -> EncodingCache | None:
     """The process's one encoding cache from the settings: None when the encoding is not parallel, with
     ``--no-cache``, or with ``--cache-bytes 0`` and no ``--cache-dir`` (nothing could be kept)."""
-    if settings.encoding != "parallel" or not settings.encoding_cache:
+    if settings.options.encoding != "parallel" or not settings.encoding_cache:
         return None
     if settings.encoding_cache_bytes == 0 and settings.encoding_cache_dir is None and not settings.encoding_cache_url:
         return None
@@ -64,6 +65,21 @@ def build_encoding_cache(settings: ProxySettings) -> EncodingCache | None:
         disk_bytes=settings.encoding_cache_disk_bytes,
         shared=shared,
         format=settings.encoding_cache_format,
+    )
+
+
+def build_optimizer(settings: ProxySettings) -> ContextOptimizer:
+    """The server's :class:`~rag_opt.ContextOptimizer`: the options of the settings (:attr:`ProxySettings.options`),
+    with the server's own thread policy (its workers share the cores) and the one encoding cache of the process
+    (every request and worker shares it)."""
+    from rag_opt.models.threads import ThreadPolicy
+    from rag_opt.pipeline import ContextOptimizer
+
+    threads: int | str = int(settings.threads) if settings.threads.isdigit() else settings.threads
+    return ContextOptimizer(
+        settings.options,
+        threads=ThreadPolicy(threads, workers=settings.max_concurrency),
+        cache=build_encoding_cache(settings),
     )
 
 
@@ -88,27 +104,7 @@ class ProxyState:
     def __init__(self, settings: ProxySettings, optimizer: Optimizer | None) -> None:
         self.settings = settings
         if optimizer is None:
-            from rag_opt.models.threads import ThreadPolicy
-            from rag_opt.pipeline import ContextOptimizer
-
-            threads: int | str = int(settings.threads) if settings.threads.isdigit() else settings.threads
-
-            optimizer = ContextOptimizer(
-                model=settings.proxy_model,
-                target=settings.target,
-                device=settings.device,
-                dtype=settings.dtype,
-                probe=None if settings.probe == "none" else settings.probe,
-                ordering=settings.ordering,
-                drop_below_best=settings.drop_below_best,
-                language=settings.language,
-                title_keys=settings.title_key_list,
-                title_from_text=settings.title_from_text,
-                trust_remote_code=settings.trust_remote_code,
-                threads=ThreadPolicy(threads, workers=settings.max_concurrency),
-                encoding=settings.encoding,
-                cache=build_encoding_cache(settings),  # one for the process: every request and worker shares it
-            )
+            optimizer = build_optimizer(settings)
         self.optimizer: Optimizer = optimizer
         cache = getattr(optimizer, "cache", None)
         self.cache: EncodingCache | None = cache if isinstance(cache, EncodingCache) else None
@@ -139,7 +135,7 @@ class ProxyState:
         self.upstream = Upstream(settings, self.metrics, self.secrets)
         self.tracing = SpanRecorder(settings.otel)  # --otel: a span per request outcome (nothing when off)
         # the target tokenizers a request may name (/v1/compress): only these ever load
-        self.targets = AllowedTargets(settings.allowed_targets, settings.target)
+        self.targets = AllowedTargets(settings.allowed_targets, settings.options.target)
         self._lexical_pool: OptimizerPool | None = None
 
     @property

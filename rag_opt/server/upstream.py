@@ -62,6 +62,7 @@ __all__ = [
     "QUERY_CREDENTIALS",
     "VALIDATE_BYTES",
     "Upstream",
+    "loggable_url",
     "parse_networks",
     "without_query_credentials",
 ]
@@ -141,6 +142,13 @@ def _anthropic(request: Request) -> bool:
     """Whether a request is for Anthropic's API: under ``/v1/messages``, or with an ``anthropic-version``."""
     path = request.scope["path"]
     return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/") or "anthropic-version" in request.headers
+
+
+def loggable_url(url: httpx.URL) -> str:
+    """``url`` for a log line: scheme, host, port and path; its user-info (credentials) as ``***``, its query string
+    (which may carry a ``key=``) left out."""
+    userinfo = "***@" if url.userinfo else ""
+    return f"{url.scheme}://{userinfo}{url.netloc.decode('ascii', 'replace')}{url.path}"
 
 
 def without_query_credentials(query: bytes) -> bytes:
@@ -251,7 +259,11 @@ class _Relay(Response):
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except httpx.HTTPError as exc:
             self._metrics.upstream_error("stream")
-            logger.warning("upstream response broke off (%s); closing the client connection", type(exc).__name__)
+            logger.warning(
+                "upstream response broke off: %s (%s); closing the client connection",
+                loggable_url(self._upstream.request.url),
+                type(exc).__name__,
+            )
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -395,7 +407,12 @@ class Upstream:
                     if not await off_loop(len(whole), functools.partial(_is_json, whole, encoding)):
                         await upstream.aclose()
                         self.metrics.upstream_error("invalid_response")
-                        logger.warning("upstream answered %s with invalid JSON (%d bytes)", upstream.status_code, size)
+                        logger.warning(
+                            "upstream %s answered %s with invalid JSON (%d bytes)",
+                            loggable_url(url),
+                            upstream.status_code,
+                            size,
+                        )
                         return error_response(
                             502,
                             "the upstream LLM server returned an invalid JSON response",
@@ -407,7 +424,7 @@ class Upstream:
             if upstream is not None:
                 await upstream.aclose()
             self.metrics.upstream_error("timeout")
-            logger.warning("upstream timed out (%s)", type(exc).__name__)
+            logger.warning("upstream timed out: %s (%s)", loggable_url(url), type(exc).__name__)
             return error_response(
                 504, "the upstream LLM server did not answer in time", "upstream_error", "upstream_timeout", fmt=fmt
             )
@@ -417,7 +434,8 @@ class Upstream:
                 self.metrics.upstream_error("stream")
                 received = sum(map(len, prefix))
                 logger.warning(
-                    "upstream answer %s broke off after %d bytes%s (%s: %s)",
+                    "upstream %s: answer %s broke off after %d bytes%s (%s: %s)",
+                    loggable_url(url),
                     upstream.status_code,
                     received,
                     f" of the {declared} it declared" if declared.isdigit() else "",
@@ -433,7 +451,12 @@ class Upstream:
                     fmt=fmt,
                 )
             self.metrics.upstream_error("connect")
-            logger.warning("upstream failed (%s: %s)", type(exc).__name__, redact(str(exc), self.secrets))
+            logger.warning(
+                "upstream failed: %s could not be reached (%s: %s)",
+                loggable_url(url),
+                type(exc).__name__,
+                redact(str(exc), self.secrets),
+            )
             return error_response(
                 502, "could not reach the upstream LLM server", "upstream_error", "upstream_unavailable", fmt=fmt
             )

@@ -373,11 +373,21 @@ def _prose_cuts(text: str, start: int, end: int, language: str) -> list[int]:
         # A single newline is not a sentence boundary by itself (hard-wrapped text).
         if "\n" in text[gap_start:cut] and not _ends_sentence(text, start, cut):
             continue
+        # Never inside a word: a cut right after a period with a letter or digit on both sides and no space is an
+        # initialism or a dotted name ("Super Junior-K.R.Y.", "U.S.A.", "v1.2"), not a sentence end.
+        if _inside_word(text, start, cut):
+            continue
         # Only where the writer uses capitals: in text written all in lower case a sentence may start in lower case.
         if _continues_after_exclamation(text, start, cut) and any(ch.isupper() for ch in block):
             continue
         cuts.append(cut)
     return _merge_fragments(text, start, content_end, cuts)
+
+
+def _inside_word(text: str, start: int, cut: int) -> bool:
+    """Whether ``cut`` falls between a period and a letter or digit, with a letter or digit before the period and no
+    space anywhere (``K.|R.Y.``)."""
+    return cut - 2 >= start and text[cut - 1] == "." and text[cut].isalnum() and text[cut - 2].isalnum()
 
 
 def _merge_fragments(text: str, start: int, end: int, cuts: list[int]) -> list[int]:
