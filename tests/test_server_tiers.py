@@ -380,6 +380,7 @@ def test_the_lexical_fallback_gets_what_is_left_of_the_request_s_budget():
         return await real(fn, budget_s)
 
     state.lexical_pool.run = spy  # type: ignore[method-assign]
+    state.optimizer.lexical_scorer()  # loaded beforehand: the second left is for BM25's milliseconds, not a load
     job = Job(EXAMPLE_DOCS[0]["text"][:40], [dict(d) for d in EXAMPLE_DOCS], Budget(ratio=0.5), "input")
     attempt = asyncio.run(Engine(state)._lexical(job, "timeout", time.perf_counter() - 9.0))
     assert attempt.result is not None and attempt.reason == "timeout"
