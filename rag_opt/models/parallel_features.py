@@ -26,7 +26,7 @@ from rag_opt.models.parallel import ParallelPrompt, parallel_prompt
 from rag_opt.models.parallel_cross import cross_reads
 from rag_opt.models.prompt import VIEWS
 from rag_opt.models.question_pass import QuestionPass, run_question_passes
-from rag_opt.work import check_proxy_tokens, checkpoint
+from rag_opt.work import checkpoint
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -71,8 +71,7 @@ def _cut_contexts(
         prompt = parallel_prompt(
             proxy.tokenizer, docs, question, max_block_tokens=limit, max_positions=proxy.max_positions
         )
-        # before any forward pass (rag_opt.work): the blocks and the question pass
-        check_proxy_tokens(sum(len(b.ids) for b in prompt.blocks) + len(prompt.question_ids))
+        # (parallel_prompt checked the proxy-token limit in force, document by document: before any forward pass)
         prompts.append(prompt)
     return prompts
 
