@@ -115,7 +115,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if titles == regimes[0] and r == ratios[0]:
                         warm[fmt].append(ms)
                         sizes[fmt].append(size)
-                    rows.setdefault(f"{fmt}|{titles}|{r:.3f}", []).append(hotpot_metrics(ex, res, shifts))
+                    row = hotpot_metrics(ex, res, shifts)
+                    row["kept"] = res.context()  # to count the questions whose kept text differs from bf16's
+                    rows.setdefault(f"{fmt}|{titles}|{r:.3f}", []).append(row)
             if titles == regimes[0] and spy.last is not None:
                 bare.append(bare_forward_ms(sentinel.proxy, spy.last[1], spy.last[0]))
         if log is not None and (qi + 1) % 25 == 0:
@@ -237,6 +239,8 @@ def _summary(
                         cell[metric + "_vs_bf16"] = paired_bootstrap(
                             [x[metric] for x in base[:m]], [x[metric] for x in mine[:m]]
                         )
+                if base and fmt != "bf16":
+                    cell["kept_differs"] = sum(a["kept"] != b["kept"] for a, b in zip(base[:m], mine[:m])) / max(1, m)
                 entry[f"{titles} {r:.3f}"] = cell
         out["formats"][fmt] = entry
     out["bare_forward_ms_median"] = statistics.median(bare) if bare else None
@@ -255,7 +259,7 @@ def show(res: dict[str, Any]) -> None:
             a = v.get("answer_retention_vs_bf16", {}).get("diff")
             parts.append(
                 f"{k}: {v['sf_recall']:.3f}/{v['answer_retention']:.3f}"
-                + (f" ({d:+.4f}/{a:+.4f})" if d is not None else "")
+                + (f" ({d:+.4f}/{a:+.4f}, {v['kept_differs']:.2f} differ)" if d is not None else "")
             )
         logger.info(
             "%-5s %7.0f B/token  warm %.0f ms (%.3fx bare)  %s",

@@ -331,3 +331,18 @@ def test_resolve_cache_options(tmp_path):
         EncodingCache(-1)
     with pytest.raises(InvalidInputError, match="cache must be"):
         resolve_cache(1.5)  # type: ignore[arg-type]
+
+
+def test_rotated_keys_decode_through_an_orthonormal_rotation():
+    from rag_opt.models.kv_codec import _hadamard
+
+    for d in (64, 96, 80):
+        h = _hadamard(d)
+        assert torch.allclose(h @ h, torch.eye(d), atol=1e-6) and torch.equal(h, h.T)  # its own inverse
+    g = torch.Generator().manual_seed(3)
+    kv = torch.randn(2, 4, 3, 50, 64, generator=g)
+    kv[0, :, :, :, 7] *= 30  # one channel far larger than the rest, as keys have
+    kv = kv.to(torch.bfloat16)
+    out = encode_states(kv, "k4hv2").decode(torch.float32)
+    err = float((out[0] - kv[0].float()).norm() / kv[0].float().norm())
+    assert err < 0.12, err  # 4-bit codes of the rotated keys, rotated back

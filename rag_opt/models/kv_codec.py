@@ -24,6 +24,7 @@ format       keys  values  source queries   bytes per document token, everything
 ``k4v2``     4     2       8                about 2,870
 ``k4g64v2``  4     2       8                about 3,015 (keys' scales per 64 tokens)
 ``k4g32v2``  4     2       8                3,211 (keys' scales per 32 tokens, KIVI's grouping)
+``k4hv2``    4     2       8                2,969 (keys rotated, then one scale per token: QuaRot's)
 ===========  ====  ======  ===============  ==========================================================
 
 Scales and zero points are float16. Quantized codes are packed (two 4-bit or four 2-bit codes a byte, along the
@@ -39,7 +40,9 @@ does not match.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -73,6 +76,10 @@ class KVFormat:
     query_bits: int
     #: tokens that share one key scale and zero point per channel (0: the block's every token)
     key_group: int = 0
+    #: keys rotated by an orthonormal Hadamard matrix over the head dimension before they are quantized, and
+    #: rotated back when decoded (QuaRot, arXiv 2404.00456): the few channels that carry large magnitudes are spread
+    #: over all, so every code level serves the whole head; each token's rotated key gets one scale and zero point
+    key_rotated: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -90,6 +97,7 @@ FORMATS: dict[str, KVFormat] = {
         KVFormat("k4v2", 4, 2, 8),
         KVFormat("k4g64v2", 4, 2, 8, key_group=64),
         KVFormat("k4g32v2", 4, 2, 8, key_group=32),
+        KVFormat("k4hv2", 4, 2, 8, key_rotated=True),
     )
 }
 DEFAULT_FORMAT = "k8v2"
@@ -154,7 +162,7 @@ class EncodedStates:
             return raw[0, :depth].to(dtype or self.dtype)
         layers = min(depth, self.shape[1])
         out = torch.empty((layers, *self.shape[2:]), dtype=dtype or self.dtype)
-        _dequant_keys(self.tensors, self.format.key_bits, self.shape, layers, out, self.format.key_group, self.dtype)
+        _dequant_keys(self.tensors, self.format, self.shape, layers, out, self.dtype)
         return out
 
     def decode_into(self, out: torch.Tensor, depth: int) -> None:
@@ -167,7 +175,7 @@ class EncodedStates:
             out.copy_(raw[:, :depth])
             return
         f = self.format
-        _dequant_keys(self.tensors, f.key_bits, self.shape, depth, out[0], f.key_group, self.dtype)
+        _dequant_keys(self.tensors, f, self.shape, depth, out[0], self.dtype)
         stored = min(depth, self.shape[1] - 1)  # the last layer's values are not stored (see encode_states)
         _dequant_values(self.tensors, f.value_bits, self.shape, stored, out[1, :stored], self.dtype)
         out[1, stored:depth].zero_()
@@ -248,7 +256,9 @@ def encode_states(states: torch.Tensor, fmt: KVFormat | str | None = None) -> En
             return EncodedStates(f, kind, shape, dtype, {"states": states.contiguous()})
         x = states.float()
         tensors: dict[str, torch.Tensor] = {}
-        if f.key_group:  # keys: per channel, over each group of tokens
+        if f.key_rotated:  # keys: rotated, then per token over the rotated channels
+            _quant(x[0] @ _hadamard(shape[4]), f.key_bits, dim=3, prefix="k", out=tensors)
+        elif f.key_group:  # keys: per channel, over each group of tokens
             _quant_grouped(x[0], f.key_bits, f.key_group, prefix="k", out=tensors)
         else:  # keys: per channel, over the block's tokens
             _quant(x[0], f.key_bits, dim=2, prefix="k", out=tensors)
@@ -297,9 +307,28 @@ def _dequant(
     if bits == 16:
         out.copy_(tensors[prefix][:depth])
         return
+    _rounded_into(out, _dequantized(tensors, prefix, bits, d, depth), dtype)
+
+
+def _dequantized(tensors: Mapping[str, torch.Tensor], prefix: str, bits: int, d: int, depth: int) -> torch.Tensor:
+    """:func:`_quant`'s codes of the first ``depth`` layers decoded, in float32."""
     scale = tensors[prefix + "_scale"][:depth].float()  # small: converted once, not per element
     lo = tensors[prefix + "_min"][:depth].float()
-    _rounded_into(out, _unpack(tensors[prefix][:depth], bits, d).float().mul_(scale).add_(lo), dtype)
+    return _unpack(tensors[prefix][:depth], bits, d).float().mul_(scale).add_(lo)
+
+
+@functools.lru_cache(maxsize=8)
+def _hadamard(d: int) -> torch.Tensor:
+    """An orthonormal, symmetric ``d`` × ``d`` rotation (its own inverse): Sylvester's Hadamard matrix of the largest
+    power of two dividing ``d``, normalized, repeated along the diagonal."""
+    import torch
+
+    b = d & -d
+    h = torch.ones(1, 1)
+    while h.shape[0] < b:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    h = h / math.sqrt(b)
+    return torch.block_diag(*([h] * (d // b)))
 
 
 def _rounded_into(out: torch.Tensor, values: torch.Tensor, dtype: torch.dtype) -> None:
@@ -360,17 +389,18 @@ def _dequant_grouped(
 
 def _dequant_keys(
     tensors: Mapping[str, torch.Tensor],
-    bits: int,
+    fmt: KVFormat,
     shape: tuple[int, ...],
     depth: int,
     out: torch.Tensor,
-    group: int,
     dtype: torch.dtype,
 ) -> None:
-    if group and bits != 16:
-        _dequant_grouped(tensors, "k", bits, shape[4], group, depth, out, dtype)
+    if fmt.key_rotated:
+        _rounded_into(out, _dequantized(tensors, "k", fmt.key_bits, shape[4], depth) @ _hadamard(shape[4]), dtype)
+    elif fmt.key_group and fmt.key_bits != 16:
+        _dequant_grouped(tensors, "k", fmt.key_bits, shape[4], fmt.key_group, depth, out, dtype)
     else:
-        _dequant(tensors, "k", bits, shape[4], depth, out, dtype)
+        _dequant(tensors, "k", fmt.key_bits, shape[4], depth, out, dtype)
 
 
 def _dequant_values(
