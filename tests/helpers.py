@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rag_opt.server.json_edit import JsonEditor, JsonPath
+from rag_opt.wire.json_edit import JsonEditor, JsonPath
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -84,7 +84,7 @@ def assert_verbatim(kept: str, source: str) -> None:
         i = lo
 
 
-# -- request bodies through the proxy (JSON paths of rag_opt.server.json_edit) -----------------------------------
+# -- request bodies through the proxy (JSON paths of rag_opt.wire.json_edit) -----------------------------------
 def value(body: bytes, path: JsonPath) -> Any:
     span = JsonEditor(body.decode()).span(path)
     assert span is not None, f"{path} is not in the body"

@@ -336,7 +336,7 @@ def test_budget_per_call_and_documents_with_nothing_kept_left_out() -> None:
     comp = RagOptDocumentCompressor(ratio=1.0, scorer=BM25Scorer(), ordering="input")
     out = comp.run(query=CAPITAL, documents=docs, target_tokens=12)["documents"]  # this call's budget
     assert sum(d.meta[METADATA_KEY]["tokens_after"] for d in out) <= 12
-    assert [d.id for d in out] == [docs[0].id] and out[0].content == "Paris is the capital of France. "
+    assert [d.id for d in out] == [docs[0].id] and out[0].content == "Paris is the capital of France."
     assert out[0].meta["title"] == "Paris" and out[0].score == 2
     relevance = comp.run(query="Which fruit do monkeys like?", documents=docs, ordering="relevance")["documents"]
     assert relevance[0].id == docs[1].id and len(relevance) == 3  # ratio 1: everything, best first

@@ -89,7 +89,9 @@ def _check_outputs(retrieved: list[Document], outputs: list[Document]) -> None:
         # the kept offsets point into the original text and rebuild the output text
         assert "".join(original.page_content[s:e] for s, e in info["kept_spans"]) == out.page_content
         kept_units = [u for u in info["units"] if u["kept"]]
-        assert kept_units and all(original.page_content[u["start"] : u["end"]] in out.page_content for u in kept_units)
+        assert kept_units and all(
+            original.page_content[u["start"] : u["end"]].rstrip() in out.page_content for u in kept_units
+        )  # a unit's trailing space is not left at the end of the kept text
         assert 0 < info["tokens_after"] <= info["tokens_before"]
 
 

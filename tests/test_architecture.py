@@ -418,3 +418,69 @@ def test_no_module_but_rag_opt_options_lists_the_optimizer_options(tmp_path: Pat
     sample = tmp_path / "by_hand.py"
     sample.write_text('KW = {"keep_first": False}\nopt = ContextOptimizer(device="cpu")\n', encoding="utf-8")
     assert set(_option_names_in(sample, construction)) == {"keep_first", "device"}
+
+
+# -- the transport-free request core (rag_opt.wire) ----------------------------------------------------------------
+# The planners, the /v1/compress contracts and the flow that applies an optimization to a request body live in
+# rag_opt.wire, which the routes of rag-opt serve (rag_opt.server) and the gateway adapter both call (vLLM keeps its
+# protocol and serving classes apart from its API routers the same way). Neither surface builds a stand-in of the
+# other: each derives the core's WireSettings from its own settings.
+_TRANSPORTS = ("starlette", "httpx", "prometheus_client", "uvicorn")
+
+
+def test_the_request_core_loads_no_transport_and_nothing_of_the_server() -> None:
+    """Importing rag_opt.wire and every module in it, in a fresh interpreter, loads no HTTP server, client or
+    metrics library and no module of rag_opt.server."""
+    code = (
+        "import importlib, pkgutil, sys, rag_opt.wire\n"
+        "for m in pkgutil.iter_modules(rag_opt.wire.__path__):\n"
+        "    importlib.import_module('rag_opt.wire.' + m.name)\n"
+        f"bad = [m for m in sys.modules if m.split('.')[0] in {_TRANSPORTS!r} or m.startswith('rag_opt.server')]\n"
+        "assert not bad, sorted(bad)\n"
+        "rag_opt.wire.RequestFlow; rag_opt.wire.WireSettings; rag_opt.wire.plan_chat; rag_opt.wire.Outcome\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_request_core_imports_nothing_of_the_server_or_an_http_library() -> None:
+    """Every import in rag_opt/wire/, deferred and type-only ones included, read statically."""
+    bad = []
+    for path in sorted((PKG / "wire").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            for name in names:
+                if name.startswith("rag_opt.server") or name.split(".")[0] in _TRANSPORTS:
+                    bad.append(f"{_module(path)} imports {name} (line {node.lineno})")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_gateway_adapter_calls_the_core_not_the_server() -> None:
+    """rag_opt/adapters/gateway.py builds no ProxySettings (it derives the core's settings from its own) and
+    imports nothing of rag_opt.server; the server's flow and the gateway both run rag_opt.wire.flow.RequestFlow."""
+    gateway = (PKG / "adapters" / "gateway.py").read_text(encoding="utf-8")
+    assert "ProxySettings" not in gateway
+    graph = _graph(top_level_only=False)
+    assert not sorted(d for d in graph["rag_opt.adapters.gateway"] if d.startswith("rag_opt.server"))
+    for module in ("rag_opt.adapters.gateway", "rag_opt.server.flow"):
+        assert "rag_opt.wire.flow" in graph[module], module
+
+
+MAX_MODULE_LINES = 450
+
+
+def test_the_server_and_the_core_have_no_module_over_450_lines() -> None:
+    """Every module of rag_opt/server/ and rag_opt/wire/ fits in 450 lines: one job each, named by it."""
+    long = [
+        f"{_module(p)}: {n} lines"
+        for folder in ("server", "wire")
+        for p in sorted((PKG / folder).rglob("*.py"))
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"

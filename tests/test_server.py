@@ -23,10 +23,10 @@ import openai
 import pytest
 
 from rag_opt.install import install_hint
-from rag_opt.server.chat import plan_request
-from rag_opt.server.errors import RequestError
 from rag_opt.server.settings import ProxySettings
 from rag_opt.types import OptimizeResult, OutputDocument
+from rag_opt.wire.chat import plan_request
+from rag_opt.wire.errors import RequestError
 from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION, assert_verbatim, blocks
 from tests.upstream_server import (
     ERROR_400,
@@ -713,7 +713,7 @@ def test_serve_without_the_server_extra_says_what_to_install(monkeypatch, capsys
 
 def test_importing_the_proxy_does_not_import_torch():
     code = (
-        "import sys, rag_opt.server.app, rag_opt.server.documents; "
+        "import sys, rag_opt.server.app, rag_opt.wire.documents; "
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     )
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -27,7 +27,7 @@ import httpx
 import numpy as np
 import pytest
 
-from rag_opt.server.chat import plan_request
+from rag_opt.wire.chat import plan_request
 from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION, cpu_seconds, pieces_in_order
 from tests.upstream_server import (
     BudgetClock,

@@ -17,12 +17,12 @@ import httpx2  # the HTTP client the SDKs are built on
 import openai
 import pytest
 
-from rag_opt.server.anthropic_messages import plan_messages
-from rag_opt.server.documents import ContextPlan
-from rag_opt.server.json_edit import JsonPath
-from rag_opt.server.responses import plan_responses
 from rag_opt.server.settings import ProxySettings
 from rag_opt.types import OptimizeResult, OutputDocument
+from rag_opt.wire.anthropic_messages import plan_messages
+from rag_opt.wire.documents import ContextPlan
+from rag_opt.wire.json_edit import JsonPath
+from rag_opt.wire.responses import plan_responses
 from tests.helpers import (
     EXAMPLE_DOCS,
     EXAMPLE_QUESTION,

@@ -14,11 +14,11 @@ import httpx
 import pytest
 
 from rag_opt.server.app import create_app
-from rag_opt.server.compress import compress_schema
-from rag_opt.server.errors import RequestError
-from rag_opt.server.request import parse_request
 from rag_opt.server.settings import ProxySettings
 from rag_opt.text.units import join_spans
+from rag_opt.wire.compress import compress_schema
+from rag_opt.wire.errors import RequestError
+from rag_opt.wire.request import parse_request
 from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION, Recording
 from tests.upstream_server import parse_metrics
 
@@ -193,9 +193,7 @@ async def test_compress_needs_the_proxy_key_and_respects_the_body_limit(make_cli
 # -- the schema -----------------------------------------------------------------------------------------------
 def test_committed_schema_is_the_generated_one() -> None:
     committed = json.loads(SCHEMA_FILE.read_text())
-    assert committed == compress_schema(), (
-        "regenerate it: python -m rag_opt.server.compress > docs/compress.schema.json"
-    )
+    assert committed == compress_schema(), "regenerate it: python -m rag_opt.wire.compress > docs/compress.schema.json"
     assert set(committed["request"]["required"]) == {"question", "documents"}
 
 

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from rag_opt.server.app import create_app
-from rag_opt.server.compress import compress_schema
 from rag_opt.server.settings import ProxySettings
+from rag_opt.wire.compress import compress_schema
 from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION, RECORDS, RECORDS_JSON, assert_verbatim, blocks, hotpot_dev
 from tests.upstream_server import parse_metrics
 
@@ -255,9 +255,7 @@ async def test_a_duplicate_key_in_a_message_is_a_400(client: httpx.AsyncClient) 
 # -- the schema and the metrics ----------------------------------------------------------------------------------
 async def test_the_schema_holds_both_contracts_committed_and_served(client: httpx.AsyncClient) -> None:
     committed = json.loads(SCHEMA_FILE.read_text())
-    assert committed == compress_schema(), (
-        "regenerate it: python -m rag_opt.server.compress > docs/compress.schema.json"
-    )
+    assert committed == compress_schema(), "regenerate it: python -m rag_opt.wire.compress > docs/compress.schema.json"
     assert committed["messages_request"]["required"] == ["messages"]
     assert {"messages", "tokens_before", "tokens_after", "compression_ratio", "stats"} <= set(
         committed["messages_response"]["required"]

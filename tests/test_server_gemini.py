@@ -21,15 +21,16 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
-from rag_opt.server.documents import ContextPlan
-from rag_opt.server.errors import RequestError, RewriteError, error_json
-from rag_opt.server.gemini import check_gemini_body, plan_gemini
-from rag_opt.server.json_edit import JsonPath
+from rag_opt.server.errors import error_json
 from rag_opt.server.paths import check_path, error_format, gemini_model, gemini_route, is_gemini_path, upstream_url
 from rag_opt.server.security import redact
 from rag_opt.server.settings import ProxySettings
 from rag_opt.server.upstream import without_query_credentials
 from rag_opt.types import OptimizeResult, OutputDocument
+from rag_opt.wire.documents import ContextPlan
+from rag_opt.wire.errors import RequestError, RewriteError
+from rag_opt.wire.gemini import check_gemini_body, plan_gemini
+from rag_opt.wire.json_edit import JsonPath
 from tests.helpers import (
     assert_only_context_changed,
     assert_optimized,

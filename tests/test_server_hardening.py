@@ -23,12 +23,13 @@ import httpx
 import pytest
 
 from rag_opt.errors import ConfigurationError
-from rag_opt.server.anthropic_messages import PLACEHOLDER, plan_messages
 from rag_opt.server.browser import HostPolicy, host_name
-from rag_opt.server.markup import code_spans, scan
 from rag_opt.server.paths import JSON_PATHS, LOCAL_PATHS
-from rag_opt.server.settings import MIN_PROXY_KEY_CHARS, ProxySettings
+from rag_opt.server.settings import ProxySettings
+from rag_opt.server.settings_checks import MIN_PROXY_KEY_CHARS
 from rag_opt.types import OptimizeResult, OutputDocument
+from rag_opt.wire.anthropic_messages import PLACEHOLDER, plan_messages
+from rag_opt.wire.markup import code_spans, scan
 from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION
 from tests.upstream_server import (
     FakeUpstream,

@@ -30,19 +30,21 @@ import pytest
 from rag_opt import ContextOptimizer
 from rag_opt.compressors import BM25Scorer
 from rag_opt.errors import InvalidInputError, WorkLimitExceeded
-from rag_opt.server import compress as compress_module
 from rag_opt.server.app import create_app
-from rag_opt.server.chat import plan_request
-from rag_opt.server.compress import Compressor, CompressRequest
-from rag_opt.server.engine import Engine, Job
-from rag_opt.server.errors import RequestError
+from rag_opt.server.compress import Compressor
+from rag_opt.server.engine import Engine
 from rag_opt.server.metrics import MAX_MODEL_CHARS, Metrics
-from rag_opt.server.pool import INLINE_BYTES
-from rag_opt.server.request import parse_request
 from rag_opt.server.settings import ProxySettings
 from rag_opt.server.state import ProxyState
 from rag_opt.text import language as language_module
 from rag_opt.types import Budget
+from rag_opt.wire import compress as compress_module
+from rag_opt.wire.chat import plan_request
+from rag_opt.wire.compress_protocol import CompressRequest
+from rag_opt.wire.errors import RequestError
+from rag_opt.wire.job import Job
+from rag_opt.wire.offload import INLINE_BYTES
+from rag_opt.wire.request import parse_request
 from rag_opt.work import QUESTION_CHARS_PER_TOKEN, WorkLimits, check_question, scope
 from tests.helpers import EXAMPLE_DOCS, EXAMPLE_QUESTION
 from tests.upstream_server import parse_metrics

@@ -19,7 +19,8 @@ import pytest
 
 from rag_opt.server import security
 from rag_opt.server.security import redact
-from rag_opt.server.settings import ProxySettings, redact_url
+from rag_opt.server.settings import ProxySettings
+from rag_opt.server.settings_checks import redact_url
 from tests.upstream_server import FakeUpstream, ServerThread, bm25_optimizer, parse_metrics, serve_proxy
 
 PROXY_KEY = "rk-proxy-Zq81mM2pLx"

@@ -20,11 +20,11 @@ import pytest
 from rag_opt import ContextOptimizer
 from rag_opt.compressors import BM25Scorer
 from rag_opt.models.threads import ThreadPolicy
-from rag_opt.server.chat import plan_request
 from rag_opt.server.errors import BudgetExceeded
 from rag_opt.server.pool import OptimizerPool
 from rag_opt.server.settings import ProxySettings
 from rag_opt.server.state import ProxyState
+from rag_opt.wire.chat import plan_request
 from tests.helpers import EXAMPLE_DOCS
 from tests.upstream_server import FakeUpstream, ServerThread, bm25_optimizer, parse_metrics, serve_proxy
 
@@ -364,8 +364,9 @@ def test_serve_has_the_new_flags(capsys):
 def test_the_lexical_fallback_gets_what_is_left_of_the_request_s_budget():
     """One budget per request: after the model spent most of it, the lexical tier gets the rest (at least a twentieth),
     not a fresh budget (a 10 s budget was answered at 20 s)."""
-    from rag_opt.server.engine import LEXICAL_FLOOR, Engine, Job, lexical_budget_s
+    from rag_opt.server.engine import LEXICAL_FLOOR, Engine, lexical_budget_s
     from rag_opt.types import Budget
+    from rag_opt.wire.job import Job
 
     assert lexical_budget_s(10.0, t0=100.0, now=102.5) == pytest.approx(7.5)
     assert lexical_budget_s(10.0, t0=100.0, now=109.8) == pytest.approx(LEXICAL_FLOOR * 10.0)

@@ -1,14 +1,17 @@
 """The gateway side of an LLM request: its context optimized before the gateway sends it upstream, for adapters
 that receive the whole request body as a dict (:mod:`rag_opt.adapters.litellm`).
 
-:class:`RequestOptimizer` finds the context with the planners of ``rag-opt serve`` (chat completions:
-:func:`rag_opt.server.chat.plan_chat`; Anthropic messages: :func:`rag_opt.server.anthropic_messages.plan_messages`),
+:class:`RequestOptimizer` rewrites a request with the transport-free core that ``rag-opt serve`` runs too
+(:class:`rag_opt.wire.flow.RequestFlow`, with the planners of :mod:`rag_opt.wire`: chat completions,
+:func:`rag_opt.wire.chat.plan_chat`; Anthropic messages, :func:`rag_opt.wire.anthropic_messages.plan_messages`),
 so it follows the proxy's conventions (``<document>`` blocks, large tool results of the current turn, the
-``rag_opt`` extension field and the ``x-ragopt-*`` headers, a request's options over the gateway's), optimizes it
-in-process (a :class:`rag_opt.ContextOptimizer` built once, run on a worker thread within the timeout and the
-proxy's default work limits) or on a sidecar (``rag-opt serve``'s ``POST /v1/compress``), and writes the result
-back with the planner. It returns the new message part of the body (without the ``rag_opt`` field) and what
-happened as the proxy's :class:`~rag_opt.server.flow.Outcome`. Nothing is scored, selected or ordered here.
+``rag_opt`` extension field and the ``x-ragopt-*`` headers, a request's options over the gateway's). Its settings
+are :attr:`GatewaySettings.wire`; its backend optimizes in-process (a :class:`rag_opt.ContextOptimizer` built
+once, run on a worker thread within the timeout and the default work limits of ``rag-opt serve``,
+:data:`rag_opt.work.DEFAULT_LIMITS`) or on a sidecar (``rag-opt serve``'s ``POST /v1/compress``), and the core
+writes the result back with the planner. It returns the new message part of the body (without the ``rag_opt``
+field) and what happened as the core's :class:`~rag_opt.wire.flow.Outcome`. Nothing is scored, selected or ordered
+here.
 
 Failures follow :attr:`GatewaySettings.fail_closed`: by default (fail-open) an optimizer or sidecar that fails
 (an error, the timeout, the work limits, a sidecar that cannot be reached, answers an error or fails open itself)
@@ -24,17 +27,22 @@ import os
 import threading
 import time
 from collections.abc import Mapping
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from rag_opt.errors import ConfigurationError, InvalidInputError, RagOptError, WorkLimitExceeded
-from rag_opt.types import DEFAULT_ORDERING
+from rag_opt.types import DEFAULT_ORDERING, DEFAULT_RATIO, Budget
+from rag_opt.wire.anthropic_messages import plan_messages
+from rag_opt.wire.chat import plan_chat
+from rag_opt.wire.documents import ContextPlan
+from rag_opt.wire.errors import RequestError
+from rag_opt.wire.flow import Outcome, Planner, RequestFlow
+from rag_opt.wire.job import Attempt, Job
+from rag_opt.wire.settings import WireSettings
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rag_opt.server.documents import ContextPlan
-    from rag_opt.server.engine import Job
-    from rag_opt.server.flow import Outcome
     from rag_opt.types import OptimizeResult
 
 __all__ = ["API", "EXTENSION_FIELD", "GatewayError", "GatewaySettings", "RequestOptimizer"]
@@ -44,6 +52,7 @@ logger = logging.getLogger(__name__)
 API = Literal["chat", "anthropic"]
 EXTENSION_FIELD = "rag_opt"  # the request's own rag-opt field: never sent upstream
 OWNED: dict[str, tuple[str, ...]] = {"chat": ("messages",), "anthropic": ("messages", "system")}  # planner-written
+_PLANNERS: dict[str, Planner] = {"chat": plan_chat, "anthropic": plan_messages}
 _WARMUP = ("What does the guardrail load at start-up?", ["It loads its model at start-up. Then requests are fast."])
 
 
@@ -129,21 +138,32 @@ class GatewaySettings(BaseModel):
             raise ValueError("sidecar_url is for backend: sidecar (set backend: sidecar, or remove it)")
         return self
 
+    @cached_property
+    def wire(self) -> WireSettings:
+        """What the transport-free core reads of these settings (:mod:`rag_opt.wire`): where context is found, and
+        a request's defaults (the budget, 0.5 of the context when none is set; ordering, language, target, tier).
+        An outcome reports the cache hits and misses of an in-process optimization."""
+        budget = Budget(ratio=self.ratio, target_tokens=self.target_tokens, threshold=self.threshold)
+        return WireSettings(
+            document_tag=self.document_tag,
+            tool_messages=self.tool_messages,
+            tool_min_chars=self.tool_min_chars,
+            budget=budget if budget.compresses else Budget(ratio=DEFAULT_RATIO),
+            ordering=self.ordering,
+            language=self.language,
+            target=self.target,
+            tier=self.tier,
+            expose_cache_hits=True,
+        )
+
 
 class RequestOptimizer:
     """Optimizes the context of request bodies (see the module docstring); one per gateway configuration."""
 
     def __init__(self, settings: GatewaySettings) -> None:
-        from rag_opt.server.settings import ProxySettings
-
         self.settings = s = settings
-        # the planners read only where context is found; the upstream is the gateway's, not rag-opt's
-        self._planner_settings = ProxySettings(
-            upstream="http://gateway.invalid/v1",
-            document_tag=s.document_tag,
-            tool_messages=s.tool_messages,
-            tool_min_chars=s.tool_min_chars,
-        )
+        self._flows = {api: RequestFlow(planner, s.wire) for api, planner in _PLANNERS.items()}
+        self._backend = _Backend(self)
         self._optimizer: Any = None
         self._ready = threading.Event()
         self._limiter: Any = None
@@ -176,63 +196,35 @@ class RequestOptimizer:
         """The outcome for the request ``data`` (its ``x-ragopt-*`` ``headers``) and the new values of its
         planner-written members (:data:`OWNED`; None: unchanged). Raises :class:`GatewayError` for an invalid
         request, or a failed optimization under ``fail_closed``."""
-        from rag_opt.server.errors import RequestError
-        from rag_opt.server.flow import Outcome
-        from rag_opt.server.pool import off_loop
-
-        planner = _planner(api)
         try:
             raw = json.dumps({k: data[k] for k in (*OWNED[api], EXTENSION_FIELD) if k in data}).encode()
-            plan = await off_loop(len(raw), lambda: planner(raw, headers, self._planner_settings))
+        except Exception as exc:  # a body rag-opt cannot read is not the client's fault: not a 400
+            return Outcome("fail_open", reason=self._backend.unreadable(exc)), None
+        try:
+            rewritten = await self._flows[api].apply(raw, headers, self._backend)
         except RequestError as exc:
             raise GatewayError(f"rag-opt: {exc.message}", exc.status, exc.code, exc.param) from None
-        except Exception as exc:  # a body rag-opt cannot read is not the client's fault: not a 400
-            self._refuse_if_closed(reason := f"error: {type(exc).__name__}")
-            logger.warning("rag-opt: finding the context failed (%s); not optimizing", reason)
-            return Outcome("fail_open", reason=reason), None
-        if not plan.options.enabled or not plan.documents or plan.query is None:
-            status = "disabled" if not plan.options.enabled else "no_context" if not plan.documents else "no_query"
-            return Outcome(status), await _render(plan, None)
-        job = self._job(plan)
-        t0 = time.perf_counter()
-        try:
-            result, status = await (self._sidecar(job) if self.settings.backend == "sidecar" else self._in_process(job))
-        except Exception as exc:
-            self._refuse_if_closed(reason := _reason(exc))
-            logger.warning("rag-opt: optimization failed (%s); forwarding the request unoptimized", reason)
-            return Outcome("fail_open", optimizer_ms=_ms(t0), reason=reason), await _render(plan, None)
-        body = await _render(plan, result)
-        outcome = Outcome(status, result.tokens_before, result.tokens_after, _ms(t0), over_budget=result.over_budget)
-        logger.info("rag-opt: %s, %d -> %d context tokens", status, result.tokens_before, result.tokens_after)
-        return (outcome.read_by_model(result) if status == "optimized" else outcome), body
+        outcome, result = rewritten.outcome, rewritten.outcome.result
+        outcome.result = None  # (a server's span reads it; the guardrail logs the outcome as a dict)
+        if result is not None:
+            logger.info(
+                "rag-opt: %s, %d -> %d context tokens", outcome.status, result.tokens_before, result.tokens_after
+            )
+        return outcome, None if rewritten.body is raw else dict(json.loads(rewritten.body))
 
     def _refuse_if_closed(self, reason: str) -> None:
         if self.settings.fail_closed:
             message = f"rag-opt could not optimize the context ({reason}) and is configured fail-closed"
             raise GatewayError(message, 503, "ragopt_unavailable") from None
 
-    def _job(self, plan: ContextPlan) -> Job:
-        from rag_opt.server.engine import Job
-        from rag_opt.types import DEFAULT_RATIO, Budget
-
-        s, options = self.settings, plan.options
-        budget = options.budget or Budget(ratio=s.ratio, target_tokens=s.target_tokens, threshold=s.threshold)
-        budget = budget if budget.compresses else Budget(ratio=DEFAULT_RATIO)
-        assert plan.query is not None
-        documents = plan.optimizer_documents()
-        language = options.language or s.language
-        return Job(plan.query, documents, budget, options.ordering or s.ordering, language, s.target, s.tier)
-
     async def _in_process(self, job: Job) -> tuple[OptimizeResult, str]:
         """Optimize on a worker thread within the timeout (and the work limits ``rag-opt serve`` defaults to)."""
         import anyio
         import anyio.to_thread
 
-        from rag_opt.server.settings import ProxySettings
-        from rag_opt.work import WorkLimits, scope
+        from rag_opt.work import DEFAULT_LIMITS, scope
 
-        fields = ProxySettings.model_fields
-        limits = WorkLimits(*(fields[k].default for k in ("max_units", "max_proxy_tokens", "max_question_tokens")))
+        limits = DEFAULT_LIMITS  # rag-opt serve's defaults (--max-units, --max-proxy-tokens, --max-question-tokens)
         cancel = threading.Event()
         optimizer, settings = self._optimizer, job.settings()
         if job.tier == "lexical":
@@ -305,22 +297,37 @@ class _SidecarFailed(RagOptError, RuntimeError):
     """The sidecar gave no result (unreachable, an error answer, or it failed open itself)."""
 
 
-def _planner(api: API) -> Any:
-    if api == "anthropic":
-        from rag_opt.server.anthropic_messages import plan_messages
+class _Backend:
+    """A gateway's optimizer (in-process or a sidecar) as the core's backend (:class:`rag_opt.wire.flow.Backend`):
+    a failure fails open with a warning, or raises :class:`GatewayError` under ``fail_closed``."""
 
-        return plan_messages
-    from rag_opt.server.chat import plan_chat
+    def __init__(self, gateway: RequestOptimizer) -> None:
+        self.gateway = gateway
 
-    return plan_chat
+    async def run(self, job: Job) -> Attempt:
+        gateway, t0 = self.gateway, time.perf_counter()
+        try:
+            sidecar = gateway.settings.backend == "sidecar"
+            result, status = await (gateway._sidecar(job) if sidecar else gateway._in_process(job))
+        except Exception as exc:
+            gateway._refuse_if_closed(reason := _reason(exc))
+            logger.warning("rag-opt: optimization failed (%s); forwarding the request unoptimized", reason)
+            return Attempt(None, t0, reason)
+        return Attempt(result, t0, status=status)
 
+    def record(self, attempt: Attempt, plan: ContextPlan) -> float:
+        return attempt.elapsed_ms()
 
-async def _render(plan: ContextPlan, result: OptimizeResult | None) -> dict[str, Any] | None:
-    """The planner-written part of the new body (None: the request is unchanged)."""
-    from rag_opt.server.pool import off_loop
+    def unreadable(self, exc: Exception) -> str:
+        self.gateway._refuse_if_closed(reason := f"error: {type(exc).__name__}")
+        logger.warning("rag-opt: finding the context failed (%s); not optimizing", reason)
+        return reason
 
-    out = await off_loop(len(plan.raw), lambda: plan.render(result))
-    return None if out is plan.raw else dict(json.loads(out))
+    def unwritable(self, exc: Exception, attempt: Attempt) -> Attempt:
+        raise exc  # (as before the core was shared: a result that cannot be written back is not swallowed)
+
+    def unrendered(self, exc: Exception) -> None:
+        raise exc
 
 
 def _reason(exc: BaseException) -> str:
@@ -329,7 +336,3 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, WorkLimitExceeded):
         return "limit"
     return str(exc) if isinstance(exc, _SidecarFailed) else f"error: {type(exc).__name__}"
-
-
-def _ms(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1e3

@@ -54,7 +54,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 if TYPE_CHECKING:  # pragma: no cover
     from litellm.types.utils import GenericGuardrailAPIInputs
 
-    from rag_opt.server.flow import Outcome
+    from rag_opt.wire.flow import Outcome
 
 __all__ = ["PROVIDER", "GatewayError", "GuardrailSettings", "RagOptGuardrail", "split_kwargs"]
 
@@ -168,7 +168,7 @@ class RagOptGuardrail(CustomGuardrail):
         """The ``x-ragopt-*`` headers of the request's outcome (as ``rag-opt serve`` sends them)."""
         if not self.settings.response_headers or (report := self._report_of(data)) is None:
             return None
-        from rag_opt.server.flow import Outcome
+        from rag_opt.wire.flow import Outcome
 
         fields = {f.name for f in dataclasses.fields(Outcome)}
         outcome = Outcome(**{k: v for k, v in report.items() if k in fields})

@@ -39,7 +39,7 @@ def register(sub: Any) -> None:
 def startup_line(settings: ProxySettings) -> str:
     """The line ``rag-opt serve`` prints when it starts: where it listens, the upstreams it forwards to (the Gemini
     API's only when ``--gemini-upstream`` was given; credentials in a URL shown as ``***``) and how it optimizes."""
-    from rag_opt.server.settings import redact_url
+    from rag_opt.server.settings_checks import redact_url
 
     budget = ", ".join(f"{k}={v}" for k, v in settings.budget.as_kwargs().items() if v is not None)
     gemini = (

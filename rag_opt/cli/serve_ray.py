@@ -84,7 +84,7 @@ def _serve_ray(args: argparse.Namespace) -> int:
     import ray
 
     from rag_opt.server.ray_serve.deployments import build_app, deploy
-    from rag_opt.server.settings import redact_url
+    from rag_opt.server.settings_checks import redact_url
     from rag_opt.server.settings_cli import settings_from_args
 
     settings = settings_from_args(args)

@@ -5,19 +5,20 @@ documents for a gateway.
 ``rag-opt serve --upstream URL`` runs it; :func:`create_app` builds the ASGI app from :class:`ProxySettings`
 (needs the ``server`` extra: ``pip install -e '.[server]'`` from the checkout). Nothing heavy is imported until used.
 
-Modules: :mod:`.app` (the ASGI app and its lifecycle), :mod:`.flow` (the flow shared by the LLM API routes:
-find the context, optimize it, write it back, forward), :mod:`.chat`, :mod:`.anthropic_messages`,
-:mod:`.responses` and :mod:`.gemini` (each API's context), :mod:`.compress` (``POST /v1/compress``, the
-compress-only sidecar),
-:mod:`.engine` (which tier optimizes a request, for every route: the pool, the lexical tier, fail-open),
-:mod:`.request` (reading a request and its per-request options), :mod:`.documents` (the context inside the
-messages, and writing it back), :mod:`.markup` (finding document blocks in linear time),
-:mod:`.json_edit` (editing the JSON body in place), :mod:`.paths` (plain request paths, upstream URLs),
-:mod:`.upstream` (forwarding and relaying), :mod:`.http` (the connection layer: read timeouts, connection limit),
-:mod:`.pool` (the optimizer's worker pool), :mod:`.state` (what one app holds, the process's one encoding cache
-included), :mod:`.settings` (settings from the
-command line and environment), :mod:`.security`, :mod:`.logs` (rate-limited repeats), :mod:`.metrics`
-(``prometheus_client``, ``GET /stats``) and :mod:`.errors`.
+Modules: :mod:`.app` (the ASGI app and its lifecycle), :mod:`.routes` (the LLM API routes: each API's planner
+with its error shape), :mod:`.flow` (their shared HTTP side: decode the body, rewrite it with
+:class:`rag_opt.wire.flow.RequestFlow`, forward), :mod:`.compress` and :mod:`.compress_messages`
+(``POST /v1/compress``, the compress-only sidecar), :mod:`.engine` (which tier optimizes a request, for every route: the
+pool, the lexical tier, fail-open), :mod:`.paths` (plain request paths, upstream URLs), :mod:`.upstream`
+(forwarding) and :mod:`.relay` (relaying the answers), :mod:`.http` (the connection layer: read timeouts,
+connection limit) and :mod:`.open_files`, :mod:`.pool` (the optimizer's worker pool), :mod:`.state` (what one app
+holds, the process's one encoding cache included), :mod:`.settings` (settings from the command line and
+environment; their checks in :mod:`.settings_checks`), :mod:`.security`, :mod:`.logs` (rate-limited repeats),
+:mod:`.metrics` (``prometheus_client``, ``GET /stats``) and :mod:`.errors`.
+
+What the routes do to a request body — reading it, finding its context, writing the optimized context back, the
+``/v1/compress`` contracts — is the transport-free core, :mod:`rag_opt.wire` (which the gateway adapter calls
+too), as vLLM keeps its ``protocol`` and ``serving`` apart from its API routers.
 """
 
 from __future__ import annotations

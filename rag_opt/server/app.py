@@ -1,15 +1,14 @@
 """The OpenAI-compatible proxy as an ASGI app (Starlette): ``create_app(settings, optimizer=None)``.
 
-``POST /v1/chat/completions`` (:mod:`rag_opt.server.chat`), ``POST /v1/messages`` (the Anthropic Messages API,
-:mod:`rag_opt.server.anthropic_messages`), ``POST /v1/responses`` (the OpenAI Responses API,
-:mod:`rag_opt.server.responses`) and ``POST /v1beta/models/{model}:generateContent`` / ``:streamGenerateContent``
-(the Gemini API, :mod:`rag_opt.server.gemini`; also under ``tunedModels/`` and ``/v1``:
-:func:`rag_opt.server.paths.gemini_route`) have their context optimized (:mod:`rag_opt.server.flow`, its tiers in
-:mod:`rag_opt.server.engine`) and are forwarded; ``POST /v1/compress`` answers optimized documents as JSON
-(:mod:`rag_opt.server.compress`, through the same engine; its schema at ``GET /v1/compress/schema``); every other
-``/v1/...`` request is forwarded unchanged to ``--upstream``, and every other ``/v1beta/...`` request (and the
-other model methods of Gemini's v1 API, ``/v1/models/{model}:countTokens``...) to ``--gemini-upstream``
-(:mod:`rag_opt.server.upstream`); ``GET /livez`` (the process is up),
+``POST /v1/chat/completions``, ``POST /v1/messages`` (the Anthropic Messages API), ``POST /v1/responses`` (the
+OpenAI Responses API) and ``POST /v1beta/models/{model}:generateContent`` / ``:streamGenerateContent`` (the Gemini
+API; also under ``tunedModels/`` and ``/v1``: :func:`rag_opt.server.paths.gemini_route`) have their context
+optimized (:mod:`rag_opt.server.routes`: each API's planner from :mod:`rag_opt.wire` in
+:mod:`rag_opt.server.flow`, its tiers in :mod:`rag_opt.server.engine`) and are forwarded; ``POST /v1/compress``
+answers optimized documents as JSON (:mod:`rag_opt.server.compress`, through the same engine; its schema at
+``GET /v1/compress/schema``); every other ``/v1/...`` request is forwarded unchanged to ``--upstream``, and every
+other ``/v1beta/...`` request (and the other model methods of Gemini's v1 API, ``/v1/models/{model}:countTokens``...)
+to ``--gemini-upstream`` (:mod:`rag_opt.server.upstream`); ``GET /livez`` (the process is up),
 ``GET /readyz`` and ``GET /health`` (503 until the proxy model has loaded or pass-through mode is settled),
 ``GET /healthz`` (always 200, with the optimizer's state), ``GET /metrics`` (Prometheus) and ``GET /stats`` (JSON
 totals) answer locally. No
@@ -46,14 +45,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from rag_opt.server.anthropic_messages import AnthropicMessages
 from rag_opt.server.browser import HostPolicy
-from rag_opt.server.chat import ChatCompletions
-from rag_opt.server.compress import COMPRESS_PATH, SCHEMA_PATH, Compressor, compress_schema
+from rag_opt.server.compress import Compressor
 from rag_opt.server.engine import Engine
 from rag_opt.server.errors import BodyTooLarge, error_response
 from rag_opt.server.flow import ContextFlow
-from rag_opt.server.gemini import GeminiContent
 from rag_opt.server.logs import RepeatLimiter, limit_repeats
 from rag_opt.server.metrics import CONTENT_TYPE
 from rag_opt.server.paths import (
@@ -65,10 +61,12 @@ from rag_opt.server.paths import (
     error_format,
     gemini_route,
 )
-from rag_opt.server.responses import Responses
+from rag_opt.server.routes import AnthropicMessages, ChatCompletions, GeminiContent, Responses
 from rag_opt.server.security import Guard, body_for_log, body_log, install_log_filters, redact_headers, too_large_body
 from rag_opt.server.settings import ProxySettings
 from rag_opt.server.state import Optimizer, ProxyState
+from rag_opt.wire.compress import compress_schema
+from rag_opt.wire.compress_protocol import COMPRESS_PATH, SCHEMA_PATH
 
 __all__ = ["create_app"]
 

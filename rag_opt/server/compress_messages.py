@@ -1,16 +1,17 @@
 """``POST /v1/compress`` with ``{"messages": [...], "model": "..."?, "config": {...}?}``: Headroom's contract, which
 Kong AI Gateway (``provider: headroom``), LiteLLM's ``guardrail: headroom``, Portkey and Superwise call. The body is
-told apart by its fields (:func:`is_messages_body`): ``messages`` means this contract, ``question``/``documents``
-the documents contract of :mod:`rag_opt.server.compress`.
+told apart by its fields (:func:`rag_opt.wire.compress_messages_protocol.is_messages_body`): ``messages`` means
+this contract, ``question``/``documents`` the documents contract of :mod:`rag_opt.server.compress`.
 
 The answer is ``{"messages": [...], "tokens_before", "tokens_after", "tokens_saved", "compression_ratio",
 "stats"}``: as many messages as were sent, in the same order, each the same JSON value as sent except for the
 optimized texts (a message keeps its content shape). The context and the question are found by the proxy's planners
-(:mod:`rag_opt.server.conversation`: ``<document>`` blocks, tool results, JSON/CSV records; the question is the
+(:mod:`rag_opt.wire.conversation`: ``<document>`` blocks, tool results, JSON/CSV records; the question is the
 latest user message before the context, else the arguments of the tool call it answers), and each context is
 optimized through the app's :class:`~rag_opt.server.engine.Engine`, as a chat request's is. The token counts are
 the context's, in the target tokenizer (0 when nothing was optimized); ``compression_ratio`` is
-``tokens_after / tokens_before`` (1.0 when nothing was optimized).
+``tokens_after / tokens_before`` (1.0 when nothing was optimized). Reading the body, the contexts' jobs and the
+answer are the transport-free :mod:`rag_opt.wire.compress_messages`'s; this route runs the jobs and answers.
 
 Never fails a gateway's request for want of something to do: without context (``no_context``), without a question
 to read it by (``no_query``), with ``x-ragopt-disable`` (``disabled``) or when the optimizer cannot help
@@ -36,116 +37,35 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import anyio.to_thread
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 
 from rag_opt.errors import InvalidInputError
-from rag_opt.server.compress_messages_protocol import (
-    MESSAGES_FIELD,
-    ContextStats,
-    MessagesConfig,
-    MessagesRequest,
-    MessagesResponse,
-    MessagesStats,
-    Status,
-    is_messages_body,
-    messages_schemas,
-)
-from rag_opt.server.conversation import Turn, find_turns
-from rag_opt.server.engine import Attempt, Engine, Job, overloaded_response
-from rag_opt.server.errors import Overloaded, RequestError, error_response
-from rag_opt.server.json_edit import dumps
-from rag_opt.server.pool import off_loop
-from rag_opt.server.request import check_messages, check_readable
+from rag_opt.server.engine import Engine, overloaded_response
+from rag_opt.server.errors import Overloaded, error_response
 from rag_opt.server.state import ProxyState
 from rag_opt.server.tenancy import request_namespace
+from rag_opt.wire.compress_messages import (
+    MessagesContext,
+    context_jobs,
+    ignored_fields,
+    messages_answer,
+    read_messages,
+    request_status,
+)
+from rag_opt.wire.compress_messages_protocol import MessagesConfig, MessagesRequest, Status
+from rag_opt.wire.conversation import find_turns
+from rag_opt.wire.errors import RequestError
+from rag_opt.wire.json_edit import dumps
+from rag_opt.wire.offload import off_loop
 
-__all__ = [
-    "MESSAGES_FIELD",
-    "ContextStats",
-    "MessagesCompressor",
-    "MessagesConfig",
-    "MessagesRequest",
-    "MessagesResponse",
-    "MessagesStats",
-    "is_messages_body",
-    "messages_schemas",
-]
+__all__ = ["MessagesCompressor"]
 
 logger = logging.getLogger(__name__)
-
-_DOCUMENTS_FIELDS = ("question", "query", "documents")  # the documents contract's: not mixed with this one
-_READ = frozenset({MESSAGES_FIELD, "model", "config"})
-_MAX_IGNORED = 20  # names listed in stats.ignored (each cut to _MAX_NAME characters)
-_MAX_NAME = 64
-
-
-def _invalid(exc: ValidationError) -> RequestError:
-    """The 400 for the first problem pydantic found, named by its place (``config.ratio``)."""
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or None
-    msg = "missing (required)" if err["type"] == "missing" else err["msg"].removeprefix("Value error, ")
-    return RequestError(f"{where}: {msg}" if where else msg, where, "invalid_value")
-
-
-def _ignored(data: Mapping[str, Any]) -> list[str]:
-    names = [k for k in data if k not in _READ]
-    config = data.get("config")
-    if isinstance(config, dict):
-        names += [f"config.{k}" for k in config if k not in MessagesConfig.model_fields]
-    return [n[:_MAX_NAME] for n in names[:_MAX_IGNORED]]
-
-
-def _read(data: dict[str, Any]) -> MessagesRequest:
-    """The request in ``data`` (a parsed body with ``messages``), checked; raises RequestError."""
-    mixed = [k for k in _DOCUMENTS_FIELDS if k in data]
-    if mixed:
-        raise RequestError(
-            f"{mixed[0]}: a body has either messages (the messages contract) or question and documents (the "
-            "documents contract), not both",
-            mixed[0],
-            "invalid_request",
-        )
-    check_readable(data)  # rag-opt reads the whole body: a duplicate key or a lone surrogate anywhere is a 400
-    check_messages(data[MESSAGES_FIELD])
-    try:
-        return MessagesRequest.model_validate(data)
-    except ValidationError as exc:
-        raise _invalid(exc) from None
-
-
-@dataclass
-class _Context:
-    """One turn with context and a question, and what became of it."""
-
-    turn: Turn
-    job: Job
-    attempt: Attempt | None = None
-    written: dict[int, Any] | None = None  # the changed messages (None: not optimized)
-    reason: str | None = None
-
-    def stats(self) -> ContextStats:
-        result = self.attempt.result if self.attempt is not None and self.written is not None else None
-        out = ContextStats(
-            messages=self.turn.context_messages,
-            question_from=self.turn.question_from,
-            documents=len(self.job.documents),
-            status="fail_open",
-            reason=self.reason,
-        )
-        if result is None:
-            return out
-        lexical = result.tier == "lexical"
-        out.status = "unchanged" if result.tier == "none" else "optimized_lexical" if lexical else "optimized"
-        out.tier = result.tier if result.tier in ("model", "lexical") else "none"
-        out.tokens_before, out.tokens_after, out.timings = result.tokens_before, result.tokens_after, result.timings
-        return out
 
 
 class MessagesCompressor:
@@ -166,14 +86,14 @@ class MessagesCompressor:
         headers = request.headers
         s = self.state.settings
         try:
-            req = await off_loop(size, lambda: _read(data))
+            req = await off_loop(size, lambda: read_messages(data))
             config = req.config or MessagesConfig()
             await self._check(config)
         except RequestError as exc:
             return self._refused(exc)
-        ignored = _ignored(data)
+        ignored = ignored_fields(data)
         try:
-            turns = await off_loop(size, lambda: find_turns(req.messages, headers, s))
+            turns = await off_loop(size, lambda: find_turns(req.messages, headers, s.wire))
         except RequestError as exc:  # a message the planner refuses, an invalid x-ragopt-* header
             return self._refused(exc)
         except Exception as exc:  # a bug here must not fail a gateway's request: the messages as sent
@@ -196,16 +116,7 @@ class MessagesCompressor:
         if sum(map(len, documents)) > s.max_documents:  # one request's contexts together, as one chat request's
             attempt = self.engine.failed("limit", t0)
             return await self._answer(headers, req, [], "fail_open", attempt.told, t0, size, config, ignored)
-        budget = config.budget() or (options.budget if options is not None else None) or s.budget
-        ordering = config.ordering or (options.ordering if options is not None else None) or s.options.ordering
-        language = config.language or (options.language if options is not None else None)
-        namespace = request_namespace(s, headers)
-        contexts = [
-            _Context(
-                t, Job(t.plan.query or "", docs, budget, ordering, language, config.target, config.tier, namespace)
-            )
-            for t, docs in zip(ready, documents, strict=True)
-        ]
+        contexts = context_jobs(ready, documents, options, config, s.wire, request_namespace(s, headers))
         try:
             await self._run(contexts)
         except Overloaded as exc:  # --on-overload reject, and no lexical tier
@@ -213,7 +124,7 @@ class MessagesCompressor:
             return overloaded_response(exc, s.time_budget_ms)
         for c in contexts:
             await self._write(c, req.model, size)
-        status, reason = _status(contexts)
+        status, reason = request_status(contexts)
         return await self._answer(headers, req, contexts, status, reason, t0, size, config, ignored)
 
     async def _check(self, config: MessagesConfig) -> None:
@@ -228,12 +139,12 @@ class MessagesCompressor:
             except InvalidInputError as exc:
                 raise RequestError(f"config.target: {exc}", "config.target", "invalid_request") from None
 
-    async def _run(self, contexts: list[_Context]) -> None:
+    async def _run(self, contexts: list[MessagesContext]) -> None:
         """Optimize every context at once (the engine's pool and micro-batching share them); raises
         :class:`~rag_opt.server.errors.Overloaded` when one was refused under ``--on-overload reject``."""
         refused: list[Overloaded] = []
 
-        async def one(c: _Context) -> None:
+        async def one(c: MessagesContext) -> None:
             try:
                 c.attempt = await self.engine.run(c.job)
             except Overloaded as exc:
@@ -245,7 +156,7 @@ class MessagesCompressor:
         if refused:
             raise refused[0]
 
-    async def _write(self, c: _Context, model: str | None, size: int) -> None:
+    async def _write(self, c: MessagesContext, model: str | None, size: int) -> None:
         """Write ``c``'s result back into its messages and count it (as the chat routes do); a failure to write
         leaves them as sent (fail-open ``error``)."""
         attempt = c.attempt
@@ -270,7 +181,7 @@ class MessagesCompressor:
         self,
         headers: Mapping[str, str],
         req: MessagesRequest,
-        contexts: list[_Context],
+        contexts: list[MessagesContext],
         status: Status,
         reason: str | None,
         t0: float,
@@ -282,75 +193,7 @@ class MessagesCompressor:
         done = [c.attempt.result for c in contexts if c.written is not None and c.attempt and c.attempt.result]
         self.state.tracing.record(headers, status, reason, done, t0, "/v1/compress")  # --otel: the request's span
         s = self.state.settings
-        messages = list(req.messages)
-        changed: list[int] = []
-        before = after = 0
-        stats: list[ContextStats] = []
-        warnings: list[str] = []
-        tiers: set[str] = set()
-        hits: list[tuple[int | None, int | None]] = []
-        encoding: Literal["parallel", "joint"] | None = None
-        target: str | None = config.target
-        for c in contexts:
-            stats.append(c.stats())
-            result = c.attempt.result if c.attempt is not None else None
-            if c.written is None or result is None:
-                continue
-            for i, message in c.written.items():
-                messages[i] = message
-                changed.append(i)
-            before, after = before + result.tokens_before, after + result.tokens_after
-            warnings += result.warnings
-            target = target or result.target_tokenizer
-            if result.tier in ("model", "lexical"):
-                tiers.add(result.tier)
-            if result.tier == "model" and result.encoding is not None:
-                encoding = encoding or result.encoding
-                if s.expose_cache_hits and result.encoding == "parallel":
-                    hits.append((result.cache_hits, result.cache_misses))
         language = config.language or getattr(self.state.optimizer, "language", None) or s.options.language
-        tier: Literal["model", "lexical", "mixed", "none"] = (
-            "mixed" if len(tiers) > 1 else "model" if "model" in tiers else "lexical" if tiers else "none"
-        )
-        counted = [h for h in hits if h[0] is not None and h[1] is not None]
-        answer = MessagesStats(
-            status=status,
-            reason=reason,
-            tier=tier,
-            messages_changed=sorted(changed),
-            contexts=stats,
-            target_tokenizer=target,
-            ordering=contexts[0].job.ordering if contexts else config.ordering or s.options.ordering,
-            language=language,
-            encoding=encoding,
-            cache_hits=sum(h[0] or 0 for h in counted) if counted else None,
-            cache_misses=sum(h[1] or 0 for h in counted) if counted else None,
-            total_ms=(time.perf_counter() - t0) * 1e3,
-            warnings=warnings,
-            ignored=ignored,
-        )
-        top = {
-            "tokens_before": before,
-            "tokens_after": after,
-            "tokens_saved": before - after,
-            "compression_ratio": after / before if before else 1.0,
-            "stats": answer.model_dump(mode="json"),
-        }
-        body = await off_loop(size, lambda: dumps({"messages": messages, **top}).encode("utf-8"))
+        answer = messages_answer(req, contexts, status, reason, t0, config, ignored, language, s.wire)
+        body = await off_loop(size, lambda: dumps(answer).encode("utf-8"))
         return Response(body, media_type="application/json")
-
-
-def _status(contexts: list[_Context]) -> tuple[Status, str | None]:
-    """The request's status from its contexts': optimized when any was, else what the rest came to."""
-    done = [c.stats() for c in contexts]
-    failed = [d for d in done if d.status == "fail_open"]
-    kinds = {d.status for d in done} - {"fail_open"}
-    if not kinds:
-        return "fail_open", failed[0].reason
-    status: Status = (
-        "optimized" if "optimized" in kinds else "optimized_lexical" if "optimized_lexical" in kinds else "unchanged"
-    )
-    if failed:
-        return status, f"{len(failed)} of {len(done)} contexts not optimized: {failed[0].reason}"
-    lexical = [d.reason for d in done if d.status == "optimized_lexical" and d.reason]
-    return status, lexical[0] if lexical else None

@@ -22,98 +22,37 @@ of it: one budget per request, answered within 1.1 budgets: :func:`lexical_budge
 job it does not admit or that runs out of budget fails open (``overload``, ``timeout``), or, when it asked for the
 lexical tier, raises :class:`~rag_opt.server.errors.Overloaded` under ``--on-overload reject``.
 
-A job carries its tenant's encoding cache namespace (:attr:`Job.namespace`, from ``--cache-namespace``): the
-model tier reads and writes the cache in it, and jobs of two namespaces never share a micro-batch.
+A job (:class:`rag_opt.wire.job.Job`) carries its tenant's encoding cache namespace (``Job.namespace``, from
+``--cache-namespace``): the model tier reads and writes the cache in it, and jobs of two namespaces never share a
+micro-batch.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from starlette.responses import Response
 
 from rag_opt.errors import WorkLimitExceeded
 from rag_opt.models.encoding_cache import cache_namespace
 from rag_opt.server.errors import BudgetExceeded, ErrorFormat, Overloaded, error_response
-from rag_opt.server.pool import off_loop, retry_after_s
+from rag_opt.server.pool import retry_after_s
 from rag_opt.server.state import ProxyState
 from rag_opt.telemetry import untraced  # the server records its own span per request (--otel)
-from rag_opt.types import Budget
+from rag_opt.wire.job import Attempt, Job
+from rag_opt.wire.offload import off_loop
 from rag_opt.work import WorkLimits, scope
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.types import OptimizeResult
 
-__all__ = [
-    "LEXICAL_FLOOR",
-    "MODEL_ORDERINGS",
-    "Attempt",
-    "Engine",
-    "Job",
-    "TierChoice",
-    "lexical_budget_s",
-    "overloaded_response",
-]
+__all__ = ["LEXICAL_FLOOR", "MODEL_ORDERINGS", "Engine", "lexical_budget_s", "overloaded_response"]
 
 logger = logging.getLogger(__name__)
 
 MODEL_ORDERINGS = frozenset({"calibrated", "attention_sort"})  # orderings that need the proxy model's attention
-TierChoice = Literal["auto", "model", "lexical"]
-
-
-@dataclass(frozen=True)
-class Job:
-    """What to optimize and how. ``language`` / ``target`` None: the optimizer's own. ``tier``: ``auto`` (the
-    proxy model, the lexical tier when the model cannot take it), ``model`` (never the lexical tier) or
-    ``lexical`` (the lexical tier only). ``namespace``: the request's tenant in the encoding cache
-    (:func:`rag_opt.server.tenancy.request_namespace`; None: the common one)."""
-
-    query: str
-    documents: list[dict[str, Any]]
-    budget: Budget
-    ordering: str
-    language: str | None = None
-    target: str | None = None
-    tier: TierChoice = "auto"
-    namespace: str | None = None
-
-    def settings(self) -> dict[str, Any]:
-        """The keyword arguments of ``optimize`` (per-request ``language`` / ``target`` only when given: an
-        optimizer passed to ``create_app`` need not take them)."""
-        out: dict[str, Any] = {"ordering": self.ordering, **self.budget.as_kwargs()}
-        if self.language is not None:
-            out["language"] = self.language
-        if self.target is not None:
-            out["target"] = self.target
-        return out
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """What :meth:`Engine.run` did: ``result`` (None: nothing, fail-open for ``reason``), ``reason`` (why it failed
-    open, or why the lexical tier ran), ``note`` (more about a fail-open) and ``t0`` (``time.perf_counter()`` when
-    it began)."""
-
-    result: OptimizeResult | None
-    t0: float
-    reason: str | None = None
-    note: str | None = None
-
-    @property
-    def tier(self) -> str:
-        """``model`` or ``lexical``: the tier that scored (``model`` also when nothing was scored)."""
-        return "lexical" if getattr(self.result, "tier", "model") == "lexical" else "model"
-
-    @property
-    def told(self) -> str | None:
-        """The reason with its note, for ``x-ragopt-reason`` / a response's ``reason``."""
-        return f"{self.reason}; {self.note}" if self.note and self.reason else self.reason
-
-    def elapsed_ms(self) -> float:
-        return (time.perf_counter() - self.t0) * 1e3
 
 
 def overloaded_response(exc: Overloaded, time_budget_ms: float, fmt: ErrorFormat = "openai") -> Response:

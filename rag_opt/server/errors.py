@@ -5,7 +5,8 @@ answers in Anthropic's shape (``{"type": "error", "error": {"type", "message"}}`
 "status", "details"}}``; see :data:`ErrorFormat`).
 
 Every error derives from :class:`rag_opt.errors.RagOptError` (and from the built-in exception it replaced, so
-``except ValueError`` / ``except RuntimeError`` keep working).
+``except ValueError`` / ``except RuntimeError`` keep working). A client's invalid request and a result that cannot
+be written back are the transport-free core's errors (:mod:`rag_opt.wire.errors`), answered here.
 """
 
 from __future__ import annotations
@@ -22,26 +23,9 @@ __all__ = [
     "BudgetExceeded",
     "ErrorFormat",
     "Overloaded",
-    "RequestError",
-    "RewriteError",
     "error_json",
     "error_response",
 ]
-
-
-class RequestError(RagOptError, ValueError):
-    """A client error in a chat completion request (its body, the ``rag_opt`` field or ``x-ragopt-*``
-    headers); answered with an OpenAI-style error (``status``, 400 unless said otherwise) carrying ``message``,
-    ``param`` and ``code``."""
-
-    def __init__(
-        self, message: str, param: str | None = None, code: str = "invalid_rag_opt", status: int = 400
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.code = code
-        self.status = status
 
 
 class BodyTooLarge(RagOptError):
@@ -63,11 +47,6 @@ class BudgetExceeded(RagOptError):
     def __init__(self, stage: str) -> None:
         super().__init__(stage)
         self.stage = stage
-
-
-class RewriteError(RagOptError, RuntimeError):
-    """An optimization result could not be written back into the request body (the request is then forwarded
-    unoptimized)."""
 
 
 ErrorFormat = Literal["openai", "anthropic", "google"]

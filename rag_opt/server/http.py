@@ -17,7 +17,7 @@ adds them:
   upstream response) is dropped at once. Each time the client reads enough for the buffer to drain, the clock
   starts again; a stream that is slow to produce events is not affected.
 - **Connection limit** (``--max-connections``, lowered to fit the process's open-file limit, see
-  :func:`~rag_opt.server.settings.connection_limit`): a connection over it is answered ``503`` and closed at
+  :func:`~rag_opt.server.open_files.connection_limit`): a connection over it is answered ``503`` and closed at
   once, so idle connections can never exhaust the file descriptors the proxy needs for its upstream
   connections. The listen backlog — also how many connections the event loop accepts in one go before it can
   refuse any — is the same number, so a burst of connections cannot exhaust them either.
@@ -39,7 +39,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from rag_opt.server.errors import error_json
-from rag_opt.server.settings import connection_limit
+from rag_opt.server.open_files import connection_limit
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.server.metrics import Metrics

@@ -25,7 +25,6 @@ LIMITED_LOGGERS = (
     "asyncio",
     "uvicorn.error",
     "rag_opt.server.app",
-    "rag_opt.server.chat",
     "rag_opt.server.engine",
     "rag_opt.server.flow",
     "rag_opt.server.http",

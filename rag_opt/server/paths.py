@@ -34,7 +34,8 @@ from urllib.parse import unquote_to_bytes
 
 import httpx
 
-from rag_opt.server.errors import ErrorFormat, RequestError
+from rag_opt.server.errors import ErrorFormat
+from rag_opt.wire.errors import RequestError
 
 __all__ = [
     "CHAT_PATH",
@@ -92,7 +93,7 @@ def _invalid(reason: str) -> RequestError:
 
 def check_path(raw_path: bytes, path: str) -> None:
     """Refuse a request path that is not plain (see the module docstring); ``raw_path`` as received, ``path``
-    percent-decoded. Raises :class:`~rag_opt.server.errors.RequestError` (414 or 400)."""
+    percent-decoded. Raises :class:`~rag_opt.wire.errors.RequestError` (414 or 400)."""
     if len(raw_path) > MAX_PATH_BYTES:
         raise RequestError(
             f"the request path is {len(raw_path)} bytes long, more than the proxy's limit of {MAX_PATH_BYTES}",
@@ -210,7 +211,7 @@ def error_format(path: str) -> ErrorFormat:
 def upstream_url(base: httpx.URL, raw_path: bytes, query: bytes, below: bytes = b"/v1") -> httpx.URL:
     """The upstream URL of a request for ``raw_path`` (a checked path under ``below``) with ``query``: the base
     path of ``base`` followed by the path below ``below`` (``b""``: the whole path, for the Gemini upstream,
-    whose base is the API's root). Raises :class:`~rag_opt.server.errors.RequestError` if the result would
+    whose base is the API's root). Raises :class:`~rag_opt.wire.errors.RequestError` if the result would
     leave the base (scheme, host, port or path)."""
     if not raw_path.startswith(below + b"/"):
         raise _invalid(f"forwarded paths start with {below.decode()}/")

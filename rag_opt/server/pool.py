@@ -30,7 +30,8 @@ Worker threads run at a lower CPU priority (``nice``, Linux) than the event loop
 without context keep being served at full speed and optimizations take the time left over.
 
 Lighter work that must not stall the event loop either (parsing and rewriting large request bodies, checking
-large responses) goes through :func:`off_loop`: inline when small, else on one of anyio's worker threads.
+large responses) goes through :func:`rag_opt.wire.offload.off_loop`: inline when small, else on one of anyio's
+worker threads.
 """
 
 from __future__ import annotations
@@ -47,18 +48,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-import anyio.to_thread
-
 from rag_opt.errors import Cancelled, ConfigurationError
 from rag_opt.server.errors import BudgetExceeded, Overloaded
 from rag_opt.server.metrics import Metrics
 from rag_opt.work import scope
 
-__all__ = ["EWMA_ALPHA", "INLINE_BYTES", "OptimizerPool", "off_loop", "retry_after_s"]
+__all__ = ["EWMA_ALPHA", "OptimizerPool", "retry_after_s"]
 
 T = TypeVar("T")
 EWMA_ALPHA = 0.3
-INLINE_BYTES = 64 * 1024  # inputs larger than this are handled on a worker thread by off_loop
 
 
 @dataclass
@@ -365,11 +363,3 @@ def _consume(fut: asyncio.Future[Any]) -> None:
 def retry_after_s(estimate_s: float | None, budget_s: float) -> int:
     """A Retry-After value (whole seconds, at least 1) for an overloaded answer."""
     return max(1, math.ceil(estimate_s if estimate_s is not None else budget_s))
-
-
-async def off_loop(size: int, fn: Callable[[], T]) -> T:
-    """Run ``fn`` inline for small inputs (``size`` up to :data:`INLINE_BYTES`), on a worker thread for large
-    ones (the event loop never stalls)."""
-    if size <= INLINE_BYTES:
-        return fn()
-    return await anyio.to_thread.run_sync(fn)

@@ -1,47 +1,45 @@
-"""The proxy's front door: the optional proxy access key, the request size limit, the access log, and the
-redaction used by ``--log-bodies``.
+"""The proxy's front door: the optional proxy access key, the request size limit and the access log.
 
-The proxy key (``--api-key`` / ``RAG_OPT_API_KEY``, at least :data:`~rag_opt.server.settings.MIN_PROXY_KEY_CHARS`
-characters) is accepted as ``X-RagOpt-Api-Key: <key>`` or as ``Authorization: Bearer <key>``, and on the Gemini
-API's paths (:func:`rag_opt.server.paths.is_gemini_path`) also as ``x-goog-api-key: <key>`` or ``?key=<key>``,
-where the Gemini SDK sends its ``api_key`` (so a client holding only the proxy key needs no other header; the
-Gemini key is then the proxy's ``--gemini-upstream-api-key``); each is compared in constant time
-(:func:`hmac.compare_digest`). It never reaches the upstream: ``X-RagOpt-Api-Key`` is always
-removed, and so is every other header that carries the proxy key anywhere in its name or value — as it is,
+The proxy key (``--api-key`` / ``RAG_OPT_API_KEY``, at least :data:`~rag_opt.server.settings_checks.MIN_PROXY_KEY_CHARS`
+characters) is accepted as ``X-RagOpt-Api-Key: <key>``, as ``Authorization: Bearer <key>``, as
+``X-Headroom-Proxy-Token: <key>`` (the header Headroom's proxy reads its ``HEADROOM_PROXY_TOKEN`` from besides
+``Authorization: Bearer``, so a gateway's Headroom guardrail that sends its proxy token there needs no other
+header), and on the Gemini API's paths (:func:`rag_opt.server.paths.is_gemini_path`) also as
+``x-goog-api-key: <key>`` or ``?key=<key>``, where the Gemini SDK sends its ``api_key`` (so a client holding only
+the proxy key needs no other header; the Gemini key is then the proxy's ``--gemini-upstream-api-key``); each is
+compared in constant time (:func:`hmac.compare_digest`), and any one that matches lets the request in (a client
+may send its provider's key in ``Authorization`` and the proxy key in a header of its own) — but
+``X-RagOpt-Api-Key`` and ``X-Headroom-Proxy-Token``, which carry nothing but the proxy key, must agree when both
+are sent (one wrong is a 401). The key never reaches the upstream: those two headers are always removed, and so
+is every other header that carries the proxy key anywhere in its name or value — as it is,
 percent-encoded, in hexadecimal or in base64 (standard or URL-safe, padded or not, at any offset: ``Basic``
 credentials, ``Authorization: Token <key>``, ``Bearer<TAB><key>``, ``api-key: <key>``...; percent-encoded
 any number of times over) — and every query parameter that carries it (``?api_key=<key>``); the upstream then
-gets ``--upstream-api-key`` when one is
-configured, else no ``Authorization``. ``GET /healthz``, ``/livez``, ``/readyz`` and ``/health`` are open
-(probes; they say nothing but the proxy's state); everything else, ``/metrics`` included, needs the key when
-one is set.
+gets ``--upstream-api-key`` when one is configured, else no ``Authorization``. ``GET /healthz``, ``/livez``,
+``/readyz`` and ``/health`` are open (probes; they say nothing but the proxy's state); everything else,
+``/metrics`` included, needs the key when one is set.
 
 Before that, every request's path is checked (:func:`rag_opt.server.paths.check_path`: 414 when too long, 400
 when not plain), a request that declares both ``Transfer-Encoding`` and ``Content-Length`` (a smuggling
 pattern) is answered 400 and its connection closed, a request that sends a credential header the proxy reads
-(:data:`SINGLE_HEADERS`: ``Authorization``, ``X-RagOpt-Api-Key``, ``x-api-key``, ``api-key``,
-``x-goog-api-key``) more than once is answered 400 (``duplicate_header``: which one counts would be a guess, and
-the upstream might guess otherwise), and, except on the probes, one whose ``Host`` the proxy
+(:data:`SINGLE_HEADERS`: ``Authorization``, ``X-RagOpt-Api-Key``, ``X-Headroom-Proxy-Token``, ``x-api-key``,
+``api-key``, ``x-goog-api-key``) more than once is answered 400 (``duplicate_header``: which one counts would be
+a guess, and the upstream might guess otherwise), and, except on the probes, one whose ``Host`` the proxy
 does not answer to or that a browser sent cross-origin is answered 403 (:mod:`rag_opt.server.browser`: DNS
 rebinding, CSRF). After the key check, a body declared as anything but JSON on a JSON route is a 415.
 
 Credentials are never logged: the access log has the method, the path without its query string (where
 ``?key=`` travels), the status and the time (a path cut at 200 characters); request and response bodies are
-logged only with ``--log-bodies``, and then through :func:`redact` (which also blanks credential query
-parameters such as ``key=``, ``api_key=`` and ``access_token=`` in any URL it holds, the configured keys
-percent-encoded too, well-known key shapes in free text and JSON members escaped inside a JSON string, as an
-upstream echoing the request sends them), their headers through
-:func:`redact_headers` (every header named like a credential: ``*key*`` — ``x-goog-api-key`` too —,
-``*token*``, ``*auth*``, ``*secret*``, ``*session*``...).
+logged only with ``--log-bodies``, and then redacted (:mod:`rag_opt.server.redaction`, whose names
+:func:`redact`, :func:`redact_headers`, :func:`body_for_log`, :data:`body_log`, :func:`install_log_filters`,
+:data:`SENSITIVE_HEADERS` and :data:`LOG_BODY_LIMIT` this module re-exports).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import hmac
-import json
 import logging
 import re
 import time
@@ -51,16 +49,28 @@ from urllib.parse import unquote_to_bytes
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rag_opt.server.browser import HostPolicy, check_browser, check_content_type
-from rag_opt.server.errors import ErrorFormat, RequestError, error_json
+from rag_opt.server.errors import ErrorFormat, error_json
 from rag_opt.server.metrics import Metrics
 from rag_opt.server.paths import check_path, error_format, is_gemini_path, takes_json
+from rag_opt.server.redaction import (
+    LOG_BODY_LIMIT,
+    SENSITIVE_HEADERS,
+    body_for_log,
+    body_log,
+    install_log_filters,
+    redact,
+    redact_headers,
+)
+from rag_opt.wire.errors import RequestError
 
 __all__ = [
     "GOOGLE_KEY_HEADER",
+    "HEADROOM_KEY_HEADER",
     "KEY_HEADER",
     "LOG_BODY_LIMIT",
     "LOG_PATH_LIMIT",
     "OPEN_PATHS",
+    "OWN_KEY_HEADERS",
     "SENSITIVE_HEADERS",
     "SINGLE_HEADERS",
     "Guard",
@@ -74,139 +84,16 @@ __all__ = [
 ]
 
 access_log = logging.getLogger("rag_opt.server.access")
-body_log = logging.getLogger("rag_opt.server.bodies")
 
 KEY_HEADER = b"x-ragopt-api-key"
+# Headroom's proxy-token header (HEADROOM_PROXY_TOKEN), where a gateway's Headroom guardrail may send its token
+HEADROOM_KEY_HEADER = b"x-headroom-proxy-token"
+OWN_KEY_HEADERS = (KEY_HEADER, HEADROOM_KEY_HEADER)  # they carry only the proxy key: always removed, never forwarded
 GOOGLE_KEY_HEADER = b"x-goog-api-key"  # where the Gemini SDK sends its api_key (also ?key=)
 OPEN_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/health"})
 LOG_PATH_LIMIT = 200  # characters of a path in the access log
-SENSITIVE_HEADERS = frozenset(
-    {
-        "authorization",
-        "proxy-authorization",
-        "api-key",
-        "x-api-key",
-        "x-ragopt-api-key",
-        "cookie",
-        "set-cookie",
-        "openai-organization",
-        "openai-project",
-    }
-)
 # credential headers the proxy reads (the proxy key, the tenant): sent more than once, a request is refused
-SINGLE_HEADERS = frozenset({b"authorization", KEY_HEADER, b"x-api-key", b"api-key", GOOGLE_KEY_HEADER})
-LOG_BODY_LIMIT = 64 * 1024  # characters of a body that --log-bodies writes
-# header names that look like credentials (custom token headers: x-auth-token, x-goog-api-key, x-amz-security-token)
-_SENSITIVE_NAME = re.compile(r"key|token|secret|passw|auth|credential|session|cookie|signature", re.IGNORECASE)
-
-_JSON_SECRET = re.compile(  # (a member's name is short: bounded, so a long text is scanned in linear time)
-    r'("(?:[^"\\]|\\.){0,40}?(?:api[_-]?key|apikey|authorization|password|passwd|secret|token|credential)'
-    r'(?:[^"\\]|\\.){0,40}"\s*:\s*)"(?:[^"\\]|\\.)*"',
-    re.IGNORECASE,
-)
-# the same inside a JSON string (an upstream echoing the request: "body": "{\"api_key\": \"...\"}")
-_ESCAPED_JSON_SECRET = re.compile(  # (a member's name is short: bounded, so a long text is scanned in linear time)
-    r'(\\"(?:[^"\\]|\\[^"]){0,40}?(?:api[_-]?key|apikey|authorization|password|passwd|secret|token|credential)'
-    r'(?:[^"\\]|\\[^"]){0,40}\\"\s*:\s*)\\"(?:[^"\\]|\\[^"])*\\"',
-    re.IGNORECASE,
-)
-_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
-_KEY_LIKE = re.compile(r"\b(sk|pk|rk|sess)-[A-Za-z0-9_-]{8,}")
-# well-known key shapes in free text (a key pasted into a message): Google API keys, GitHub tokens, Slack tokens,
-# AWS access key ids, JSON Web Tokens
-_KEY_SHAPES = re.compile(
-    r"\bAIza[0-9A-Za-z_-]{30,}"
-    r"|\bgh[pousr]_[A-Za-z0-9]{30,}"
-    r"|\bgithub_pat_[A-Za-z0-9_]{30,}"
-    r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"
-    r"|\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"
-    r"|\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+"
-)
-# "password=hunter2", "api_key: abc" in free text (not only in a URL's query string)
-_TEXT_SECRET = re.compile(
-    r"(?i)\b((?:password|passwd|pwd|passphrase|secret|client[_-]?secret|api[_-]?key|apikey|access[_-]?token"
-    r"|auth[_-]?token|token)\s*[=:]\s*)(?![\s\"'\\]|\[redacted\])[^\s\"'\\&,;]+"
-)
-# a credential in a URL's query string (?key=..., &api_key=..., access_token=...)
-_QUERY_SECRET = re.compile(
-    r"([?&](?:key|api[_-]?key|apikey|access[_-]?token|token|auth|secret|password|signature|sig)=)[^&#\s\"'\\]+",
-    re.IGNORECASE,
-)
-
-
-def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    """``text`` with credentials replaced by ``[redacted]``: the given secret values (as they are or
-    percent-encoded, wholly or in part, any number of times over), JSON members whose name looks like a
-    credential (``api_key``, ``authorization``, ``token``, ``password``, ``secret``...; also escaped inside a JSON
-    string, as an upstream that echoes the request sends them), credential query parameters (``?key=...``,
-    ``&access_token=...``), ``Bearer``/``Basic`` credentials, ``password=...``/``api_key: ...`` in free text, and
-    well-known key shapes: ``sk-...``-style keys, Google API keys (``AIza...``), GitHub (``ghp_...``,
-    ``github_pat_...``) and Slack (``xoxb-...``) tokens, AWS access key ids (``AKIA...``) and JSON Web Tokens."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "[redacted]")
-            if "%" in text:
-                text = _percent_encoded(secret).sub("[redacted]", text)
-    text = _JSON_SECRET.sub(r'\1"[redacted]"', text)
-    if '\\"' in text:
-        text = _ESCAPED_JSON_SECRET.sub(r'\1\\"[redacted]\\"', text)
-    text = _QUERY_SECRET.sub(r"\1[redacted]", text)
-    text = _BEARER.sub(r"\1 [redacted]", text)
-    text = _KEY_LIKE.sub(r"\1-[redacted]", text)
-    text = _KEY_SHAPES.sub("[redacted]", text)
-    return _TEXT_SECRET.sub(r"\1[redacted]", text)
-
-
-@functools.lru_cache(maxsize=64)
-def _percent_encoded(secret: str) -> re.Pattern[str]:
-    """``secret`` with each of its bytes as it is or percent-encoded (``%4B``, ``%4b``, ``%254B``: encoded again)."""
-    parts = []
-    for ch in secret:
-        encoded = "".join(rf"%(?:25)*[{b >> 4:X}{b >> 4:x}][{b & 15:X}{b & 15:x}]" for b in ch.encode("utf-8"))
-        parts.append(f"(?:{re.escape(ch)}|{encoded})")
-    return re.compile("".join(parts))
-
-
-def redact_headers(headers: Iterable[tuple[bytes, bytes]], secrets: Iterable[str] = ()) -> str:
-    """Headers as ``name: value`` lines for a log, credential headers replaced by ``[redacted]``."""
-    secrets = tuple(secrets)
-    lines = []
-    for k, v in headers:
-        name = k.decode("latin-1").lower()
-        sensitive = name in SENSITIVE_HEADERS or _SENSITIVE_NAME.search(name) is not None
-        value = "[redacted]" if sensitive else redact(v.decode("latin-1"), secrets)
-        lines.append(f"{name}: {value}")
-    return "; ".join(lines)
-
-
-def body_for_log(body: bytes, secrets: Iterable[str] = ()) -> str:
-    """A body for ``--log-bodies``: decoded, redacted and cut to :data:`LOG_BODY_LIMIT` characters."""
-    text = body.decode("utf-8", errors="replace")
-    cut = len(text) > LOG_BODY_LIMIT
-    # redacted before the cut (a key across it is still recognised), with room for what redaction removes
-    text = redact(text[: 2 * LOG_BODY_LIMIT], secrets)[:LOG_BODY_LIMIT]
-    return json.dumps(text, ensure_ascii=False) + (f" ... ({len(body)} bytes in all)" if cut else "")
-
-
-class _RedactURLs(logging.Filter):
-    """On the ``httpx`` logger (its INFO line ``HTTP Request: POST <url> ...``): URLs without query strings or
-    user-info, which may carry credentials."""
-
-    _URL = re.compile(r"(https?://)(?:[^/@\s]*@)?([^?\s]*)\?\S*")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.args and isinstance(record.args, tuple):
-            record.args = tuple(
-                self._URL.sub(r"\1\2?[redacted]", str(a)) if "://" in str(a) else a for a in record.args
-            )
-        return True
-
-
-def install_log_filters() -> None:
-    """Keep credentials in URLs out of httpx's request log (idempotent)."""
-    httpx_logger = logging.getLogger("httpx")
-    if not any(isinstance(f, _RedactURLs) for f in httpx_logger.filters):
-        httpx_logger.addFilter(_RedactURLs())
+SINGLE_HEADERS = frozenset({b"authorization", *OWN_KEY_HEADERS, b"x-api-key", b"api-key", GOOGLE_KEY_HEADER})
 
 
 class Guard:
@@ -236,30 +123,33 @@ class Guard:
         """(authorized, the headers without the proxy key). Without a configured key everyone is authorized.
         ``query``: the query string of a request on the Gemini API's paths, whose ``x-goog-api-key`` header and
         ``key`` parameter may carry the proxy key too (None: elsewhere, they are not read)."""
-        presented: list[bytes | None] = [None, None, None, None]  # X-RagOpt-Api-Key, Bearer, x-goog-api-key, ?key=
+        # X-RagOpt-Api-Key, X-Headroom-Proxy-Token, Bearer, x-goog-api-key, ?key=
+        presented: list[bytes | None] = [None] * 5
         for k, v in headers:
             name = k.lower()
-            if name == KEY_HEADER:
-                presented[0] = v.strip()
+            if name in OWN_KEY_HEADERS:
+                presented[OWN_KEY_HEADERS.index(name)] = v.strip()
             elif name == b"authorization":
                 scheme, _, cred = v.strip().partition(b" ")
                 if scheme.lower() == b"bearer":
-                    presented[1] = cred.strip()
+                    presented[2] = cred.strip()
             elif name == GOOGLE_KEY_HEADER and query is not None:
-                presented[2] = v.strip()
+                presented[3] = v.strip()
         for param in (query or b"").split(b"&"):
             name, _, value = param.partition(b"=")
             if name == b"key":
-                presented[3] = unquote_to_bytes(value.replace(b"+", b" "))
+                presented[4] = unquote_to_bytes(value.replace(b"+", b" "))
         key = self.key
         matched = [False] * len(presented)
         if key is not None:
             # all compared, each in constant time: no early exit reveals which one (or how much) matched
             matched = [hmac.compare_digest(p or b"", key) and p is not None for p in presented]
-        ok = key is None or any(matched)
+        # the two headers of the proxy key alone, both sent, must both hold it (which one counts would be a guess)
+        disagree = presented[0] is not None and presented[1] is not None and not (matched[0] and matched[1])
+        ok = key is None or (any(matched) and not disagree)
         # (searched only once authorized: an unauthorized request is never forwarded, and learns no timing)
         strip = key is not None and ok
-        kept = [(k, v) for k, v in headers if k.lower() != KEY_HEADER and not (strip and self.carries(k, v))]
+        kept = [(k, v) for k, v in headers if k.lower() not in OWN_KEY_HEADERS and not (strip and self.carries(k, v))]
         return ok, kept
 
     def carries(self, *parts: bytes) -> bool:
@@ -363,8 +253,8 @@ class Guard:
         if not ok and scope["path"] not in OPEN_PATHS:
             self.metrics.local_error("unauthorized")
             body = error_json(
-                "missing or incorrect rag-opt proxy key: send it as 'Authorization: Bearer <key>' or "
-                "'X-RagOpt-Api-Key: <key>'"
+                "missing or incorrect rag-opt proxy key: send it as 'Authorization: Bearer <key>', "
+                "'X-RagOpt-Api-Key: <key>' or 'X-Headroom-Proxy-Token: <key>'"
                 + (" (or as 'x-goog-api-key: <key>', the Gemini SDK's api_key)" if gemini else ""),
                 "invalid_request_error",
                 "invalid_api_key",

@@ -15,9 +15,7 @@ default is turned off by ``--no-<name>``. A variable set to an empty value count
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import re
 import types
 from collections.abc import Mapping
 from functools import cached_property
@@ -32,50 +30,34 @@ from rag_opt.models.encoding_cache import DEFAULT_CACHE_BYTES
 from rag_opt.models.kv_codec import DEFAULT_FORMAT, FORMATS
 from rag_opt.options import BUDGET_FIELDS, OptimizerOptions
 from rag_opt.server.option_settings import options_settings_model, settings_options
+from rag_opt.server.settings_checks import (
+    check_cache_dir,
+    check_cache_format,
+    check_cache_namespace,
+    check_cache_url,
+    check_gemini_root,
+    check_hosts,
+    check_key,
+    check_networks,
+    check_proxy_key,
+    check_tag,
+    check_targets,
+    check_threads,
+    check_url,
+)
 from rag_opt.types import DEFAULT_RATIO, Budget
+from rag_opt.wire.settings import WireSettings
 from rag_opt.work import DEFAULT_LIMITS
 
-__all__ = [
-    "BUDGET_FIELDS",
-    "base_type",
-    "cli_flag",
-    "field_extra",
-    "ENV_PREFIX",
-    "MIN_PROXY_KEY_CHARS",
-    "ProxySettings",
-    "connection_limit",
-    "redact_url",
-]
+__all__ = ["BUDGET_FIELDS", "ENV_PREFIX", "ProxySettings", "base_type", "cli_flag", "field_extra"]
 
 ENV_PREFIX = "RAG_OPT_"
 _SECRETS = ("api_key", "upstream_api_key", "gemini_upstream_api_key")
-FD_RESERVE = 64  # file descriptors kept for the listening socket, logs, model files, ...
-MIN_PROXY_KEY_CHARS = 16  # a proxy key is removed wherever it appears in a header: shorter ones match by chance
 # the worker pool's defaults per encoding (--max-queue, --max-batch): under parallel encoding a request over cached
 # documents costs its question pass, and queued questions share one (benchmarks/load.py, 64 clients); a joint
 # forward is compute-bound, so a batch costs about the sum of its jobs and a long queue only waits
 PARALLEL_QUEUE, PARALLEL_BATCH = 64, 16
 JOINT_QUEUE, JOINT_BATCH = 8, 4
-
-
-def connection_limit(requested: int) -> int:
-    """``requested`` client connections (``--max-connections``), lowered to fit the process's open-file limit
-    (``ulimit -n``): a third of what is left after :data:`FD_RESERVE` descriptors, for as many upstream
-    connections and as many connections accepted in one burst before the proxy can refuse them."""
-    try:
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
-        return requested
-    if soft == resource.RLIM_INFINITY:
-        return requested
-    return max(1, min(requested, (soft - FD_RESERVE) // 3))
-
-
-def redact_url(url: str) -> str:
-    """``url`` without the user-info part (``http://user:secret@host`` -> ``http://***@host``), for logs."""
-    return re.sub(r"^(https?://)[^/@\s]*@", r"\1***@", url)
 
 
 if TYPE_CHECKING:  # pragma: no cover - its fields are generated: typed code reads them as ProxySettings.options
@@ -305,9 +287,9 @@ class ProxySettings(_OptimizerSettings):
     # security
     api_key: SecretStr | None = Field(
         default=None,
-        description="proxy access key: clients send 'Authorization: Bearer KEY' or 'X-RagOpt-Api-Key: KEY' (on the "
-        "Gemini API's paths also 'x-goog-api-key: KEY' or ?key=KEY: the Gemini SDK's api_key); never logged, never "
-        "forwarded",
+        description="proxy access key: clients send 'Authorization: Bearer KEY', 'X-RagOpt-Api-Key: KEY' or "
+        "'X-Headroom-Proxy-Token: KEY' (on the Gemini API's paths also 'x-goog-api-key: KEY' or ?key=KEY: the "
+        "Gemini SDK's api_key); never logged, never forwarded",
     )
     log_bodies: bool = Field(default=False, description="log request and response bodies, credentials redacted")
     allowed_hosts: str | None = Field(
@@ -345,130 +327,19 @@ class ProxySettings(_OptimizerSettings):
             return self.max_batch
         return PARALLEL_BATCH if self.options.encoding == "parallel" else JOINT_BATCH
 
-    @field_validator("upstream", "gemini_upstream")
-    @classmethod
-    def _url(cls, v: str) -> str:
-        v = v.strip()
-        if not re.match(r"^https?://[^/\s]+", v):
-            raise ConfigurationError(f"must be an http(s) URL such as http://localhost:8080/v1, got {v!r}")
-        if "?" in v or "#" in v:
-            raise ConfigurationError(f"must be a base URL without a query string or fragment, got {redact_url(v)!r}")
-        return v.rstrip("/")
-
-    @field_validator("gemini_upstream")
-    @classmethod
-    def _gemini_root(cls, v: str) -> str:
-        if re.search(r"/v1(beta)?$", v):  # the client's path (/v1beta/models/...) is appended to it whole
-            raise ConfigurationError(
-                f"must be the Gemini API's root URL, without its version, e.g. https://generativelanguage.googleapis.com,"
-                f" got {redact_url(v)!r}"
-            )
-        return v
-
-    @field_validator("trusted_proxies")
-    @classmethod
-    def _networks(cls, v: str | None) -> str | None:
-        for part in (v or "").split(","):
-            try:
-                if part.strip():
-                    ipaddress.ip_network(part.strip(), strict=False)
-            except ValueError:
-                raise ConfigurationError(f"{part.strip()!r} is not an IP address or network (CIDR)") from None
-        return v
-
-    @field_validator("api_key", "upstream_api_key", "gemini_upstream_api_key")
-    @classmethod
-    def _key(cls, v: SecretStr | None) -> SecretStr | None:
-        if v is not None and (not v.get_secret_value() or v.get_secret_value() != v.get_secret_value().strip()):
-            raise ConfigurationError("must be a non-empty key without surrounding whitespace")
-        if v is not None and not v.get_secret_value().isprintable():
-            raise ConfigurationError("must be printable characters")
-        return v
-
-    @field_validator("api_key")
-    @classmethod
-    def _proxy_key(cls, v: SecretStr | None) -> SecretStr | None:
-        # every header carrying the key is stripped before forwarding: a short key would match unrelated headers
-        if v is not None and len(v.get_secret_value()) < MIN_PROXY_KEY_CHARS:
-            raise ConfigurationError(
-                f"must be at least {MIN_PROXY_KEY_CHARS} characters (e.g. python -c 'import secrets; "
-                "print(secrets.token_urlsafe(32))')"
-            )
-        return v
-
-    @field_validator("allowed_hosts")
-    @classmethod
-    def _hosts(cls, v: str | None) -> str | None:
-        for part in (v or "").split(","):
-            name = part.strip()
-            if name and name != "*" and not re.fullmatch(r"\.?[A-Za-z0-9_.:\[\]-]+", name):
-                raise ConfigurationError(f"{name!r} is not a host name (a name, .example.com or *)")
-        return v
-
-    @field_validator("allowed_targets")
-    @classmethod
-    def _targets(cls, v: str | None) -> str | None:
-        if v is not None and not [p for p in v.split(",") if p.strip()]:
-            raise ConfigurationError("must name at least one tokenizer, e.g. o200k_base,cl100k_base")
-        return v
-
-    @field_validator("document_tag")
-    @classmethod
-    def _tag(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_.:-]*", v):
-            raise ConfigurationError(f"must be a tag name such as 'document', got {v!r}")
-        return v
-
-    @field_validator("threads")
-    @classmethod
-    def _threads(cls, v: str) -> str:
-        v = str(v).strip()
-        if v not in ("auto", "adaptive") and not (v.isdigit() and int(v) >= 1):
-            raise ConfigurationError(f"must be 'auto', 'adaptive' or a positive number of threads, got {v!r}")
-        return v
-
-    @field_validator("encoding_cache_dir")
-    @classmethod
-    def _cache_dir(cls, v: str | None) -> str | None:
-        if v is None:
-            return None
-        v = v.strip()
-        if not v:
-            raise ConfigurationError("must be a folder, got an empty path")
-        path = os.path.expanduser(v)
-        if os.path.exists(path) and not os.path.isdir(path):
-            raise ConfigurationError(f"{v!r} exists and is not a folder")
-        return path
-
-    @field_validator("encoding_cache_url")
-    @classmethod
-    def _cache_url(cls, v: str | None) -> str | None:
-        if v is None or not v.strip():
-            return None
-        from rag_opt.models.cache_redis import ACCEPTED_URLS, redacted_url
-
-        v = v.strip()
-        if v.split("://", 1)[0] not in ("redis", "rediss", "unix", "valkey", "valkeys") or "://" not in v:
-            raise ConfigurationError(f"{redacted_url(v)!r} is not a store URL: use {', '.join(ACCEPTED_URLS)}")
-        return v
-
-    @field_validator("encoding_cache_format")
-    @classmethod
-    def _cache_format(cls, v: str) -> str:
-        v = str(v).strip()
-        if v not in FORMATS:
-            raise ConfigurationError(f"must be one of {', '.join(FORMATS)}, got {v!r}")
-        return v
-
-    @field_validator("cache_namespace")
-    @classmethod
-    def _cache_namespace(cls, v: str) -> str:
-        v = str(v).strip()
-        if v in ("none", "api-key"):
-            return v
-        if v.startswith("header:") and re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", v[len("header:") :]):
-            return "header:" + v[len("header:") :].lower()
-        raise ConfigurationError(f"must be none, api-key or header:NAME (a header name), got {v!r}")
+    _url = field_validator("upstream", "gemini_upstream")(check_url)
+    _gemini_root = field_validator("gemini_upstream")(check_gemini_root)
+    _networks = field_validator("trusted_proxies")(check_networks)
+    _key = field_validator("api_key", "upstream_api_key", "gemini_upstream_api_key")(check_key)
+    _proxy_key = field_validator("api_key")(check_proxy_key)
+    _hosts = field_validator("allowed_hosts")(check_hosts)
+    _targets = field_validator("allowed_targets")(check_targets)
+    _tag = field_validator("document_tag")(check_tag)
+    _threads = field_validator("threads")(check_threads)
+    _cache_dir = field_validator("encoding_cache_dir")(check_cache_dir)
+    _cache_url = field_validator("encoding_cache_url")(check_cache_url)
+    _cache_format = field_validator("encoding_cache_format")(check_cache_format)
+    _cache_namespace = field_validator("cache_namespace")(check_cache_namespace)
 
     @model_validator(mode="before")
     @classmethod
@@ -492,6 +363,19 @@ class ProxySettings(_OptimizerSettings):
         """The optimizer's options these settings give (:func:`~rag_opt.server.option_settings.settings_options`):
         the server's optimizer is built from them, with the server's own ``threads`` and encoding cache."""
         return settings_options(self)
+
+    @cached_property
+    def wire(self) -> WireSettings:
+        """What the transport-free core reads of these settings (:mod:`rag_opt.wire`): where context is found, and
+        a request's default budget and ordering (its language and target tokenizer: the optimizer's own)."""
+        return WireSettings(
+            document_tag=self.document_tag,
+            tool_messages=self.tool_messages,
+            tool_min_chars=self.tool_min_chars,
+            budget=self.budget,
+            ordering=self.options.ordering,
+            expose_cache_hits=self.expose_cache_hits,
+        )
 
     @classmethod
     def from_sources(cls, cli: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> ProxySettings:

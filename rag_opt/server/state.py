@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from rag_opt.models.encoding_cache import EncodingCache
 from rag_opt.server.metrics import Metrics
-from rag_opt.server.pool import OptimizerPool, off_loop
+from rag_opt.server.pool import OptimizerPool
 from rag_opt.server.security import redact
 from rag_opt.server.settings import ProxySettings
 from rag_opt.server.targets import AllowedTargets
 from rag_opt.server.upstream import Upstream
 from rag_opt.telemetry import SpanRecorder
+from rag_opt.wire.offload import off_loop
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.pipeline import ContextOptimizer

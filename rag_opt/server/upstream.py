@@ -22,9 +22,9 @@ peer (appended to the client's own list only when the peer is one of ``--trusted
 ``X-Forwarded-*``, ``X-Real-IP``, ``Forwarded``, ``CF-Connecting-IP``, ``Client-IP``, ``X-Originating-IP`` and
 the like (:data:`FORWARDING_HEADERS`) are removed.
 
-Upstream responses (status, headers, body bytes) are relayed as they arrive, so streamed server-sent events
-reach the client chunk by chunk; a successful JSON response that is not too large is checked
-first, so that an upstream sending invalid JSON becomes a 502 rather than a corrupt answer — except Gemini's
+Upstream responses (status, headers, body bytes) are relayed as they arrive (:mod:`rag_opt.server.relay`), so
+streamed server-sent events reach the client chunk by chunk; a successful JSON response that is not too large is
+checked first, so that an upstream sending invalid JSON becomes a 502 rather than a corrupt answer — except Gemini's
 ``:streamGenerateContent``, whose stream without ``alt=sse`` is one JSON array sent as ``application/json``:
 relayed as it arrives too (:func:`rag_opt.server.paths.is_streamed`). Upstream failures are 502/504 answers in
 the route's error shape: ``upstream_unavailable`` when it could not be reached or did not answer HTTP,
@@ -36,33 +36,31 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-import json
 import logging
-import zlib
-from collections.abc import AsyncIterator, Sequence
 from urllib.parse import unquote_to_bytes
 
 import anyio
 import httpx
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Scope
 
-from rag_opt.server.errors import ErrorFormat, RequestError, error_response
+from rag_opt.server.errors import ErrorFormat, error_response
 from rag_opt.server.metrics import Metrics
+from rag_opt.server.open_files import connection_limit
 from rag_opt.server.paths import MESSAGES_PATH, error_format, is_gemini_path, is_streamed, upstream_url
-from rag_opt.server.pool import off_loop
-from rag_opt.server.security import body_for_log, body_log, redact, redact_headers
-from rag_opt.server.settings import ProxySettings, connection_limit
+from rag_opt.server.relay import VALIDATE_BYTES, Relay, is_json, loggable_url
+from rag_opt.server.security import redact
+from rag_opt.server.settings import ProxySettings
+from rag_opt.wire.errors import RequestError
+from rag_opt.wire.offload import off_loop
 
 __all__ = [
     "CREDENTIAL_HEADERS",
     "FORWARDING_HEADERS",
     "HOP_BY_HOP",
     "QUERY_CREDENTIALS",
-    "VALIDATE_BYTES",
     "Upstream",
-    "loggable_url",
     "parse_networks",
     "without_query_credentials",
 ]
@@ -117,7 +115,6 @@ FORWARDING_HEADERS = frozenset(
 # the client's credentials: all of them replaced by --upstream-api-key when one is set (the upstream gets one key)
 CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key", "x-goog-api-key"})
 QUERY_CREDENTIALS = frozenset({b"key", b"access_token"})  # Google's: replaced by --gemini-upstream-api-key
-VALIDATE_BYTES = 16 * 1024 * 1024  # successful JSON responses up to this size are checked before relaying
 
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -144,13 +141,6 @@ def _anthropic(request: Request) -> bool:
     return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/") or "anthropic-version" in request.headers
 
 
-def loggable_url(url: httpx.URL) -> str:
-    """``url`` for a log line: scheme, host, port and path; its user-info (credentials) as ``***``, its query string
-    (which may carry a ``key=``) left out."""
-    userinfo = "***@" if url.userinfo else ""
-    return f"{url.scheme}://{userinfo}{url.netloc.decode('ascii', 'replace')}{url.path}"
-
-
 def without_query_credentials(query: bytes) -> bytes:
     """``query`` without its :data:`QUERY_CREDENTIALS` parameters (names percent-decoded, any letter case); the
     other parameters as they came."""
@@ -165,107 +155,6 @@ def without_query_credentials(query: bytes) -> bytes:
 
 def _connection_listed(values: list[str]) -> set[str]:
     return {t.strip().lower() for v in values for t in v.split(",") if t.strip()}
-
-
-def _is_json(body: bytes, encoding: str) -> bool:
-    """Whether a (possibly gzip/deflate-encoded) response body is JSON; True when it cannot be checked."""
-    if encoding in ("gzip", "deflate", "x-gzip"):
-        d = zlib.decompressobj(wbits=47 if encoding != "deflate" else 15)  # 47: gzip or zlib header
-        try:
-            body = d.decompress(body, VALIDATE_BYTES * 4)
-            if d.unconsumed_tail:
-                return True  # too large to check: relay it
-        except zlib.error:
-            if encoding != "deflate":
-                return False
-            try:  # raw deflate (no zlib header)
-                body = zlib.decompressobj(wbits=-15).decompress(body, VALIDATE_BYTES * 4)
-            except zlib.error:
-                return False
-    elif encoding not in ("", "identity"):
-        return True
-    try:
-        json.loads(body)
-    except (ValueError, RecursionError):
-        return False
-    return True
-
-
-class _Relay(Response):
-    """Relays an upstream response: status, headers and the raw body bytes as they arrive (``prefix``: bytes
-    already read from it, ``chunks``: the rest).
-
-    A client disconnect closes the upstream response. An upstream failure after the headers were sent leaves
-    the response incomplete, so the server closes the connection and the client sees a broken stream (not a
-    clean, truncated one).
-    """
-
-    def __init__(
-        self,
-        upstream: httpx.Response,
-        headers: list[tuple[bytes, bytes]],
-        metrics: Metrics,
-        secrets: tuple[str, ...],
-        log_bodies: bool,
-        prefix: Sequence[bytes] = (),
-        chunks: AsyncIterator[bytes] | None = None,
-    ) -> None:
-        self.status_code = upstream.status_code
-        self.raw_headers = headers
-        self.background = None
-        self._upstream = upstream
-        self._metrics = metrics
-        self._secrets = secrets
-        self._prefix = prefix
-        self._chunks = chunks if chunks is not None else upstream.aiter_raw()
-        self._logged: list[bytes] | None = [] if log_bodies else None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            async with anyio.create_task_group() as tg:
-
-                async def watch_disconnect() -> None:
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(watch_disconnect)
-                await self._relay(send)
-                tg.cancel_scope.cancel()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._upstream.aclose()
-            if self._logged is not None:
-                body_log.info(
-                    "response %s %s body=%s",
-                    self.status_code,
-                    redact_headers(self.raw_headers, self._secrets),
-                    body_for_log(b"".join(self._logged), self._secrets),
-                )
-
-    def _log(self, chunk: bytes) -> None:
-        if self._logged is not None and sum(map(len, self._logged)) < 4 * 65536:
-            self._logged.append(chunk)
-
-    async def _relay(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        for chunk in self._prefix:
-            self._log(chunk)
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        try:
-            async for chunk in self._chunks:
-                if chunk:
-                    self._log(chunk)
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except httpx.HTTPError as exc:
-            self._metrics.upstream_error("stream")
-            logger.warning(
-                "upstream response broke off: %s (%s); closing the client connection",
-                loggable_url(self._upstream.request.url),
-                type(exc).__name__,
-            )
-            return
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class Upstream:
@@ -404,7 +293,7 @@ class Upstream:
                 else:  # the whole body: check it
                     whole = b"".join(prefix)
                     encoding = upstream.headers.get("content-encoding", "").strip().lower()
-                    if not await off_loop(len(whole), functools.partial(_is_json, whole, encoding)):
+                    if not await off_loop(len(whole), functools.partial(is_json, whole, encoding)):
                         await upstream.aclose()
                         self.metrics.upstream_error("invalid_response")
                         logger.warning(
@@ -468,6 +357,6 @@ class Upstream:
         self.metrics.upstream_response(upstream.status_code)
         drop = HOP_BY_HOP | _connection_listed(upstream.headers.get_list("connection"))
         out = [(k.lower(), v) for k, v in upstream.headers.raw if k.decode("latin-1").lower() not in drop]
-        return _Relay(
+        return Relay(
             upstream, out + extra_headers, self.metrics, self.secrets, self.settings.log_bodies, prefix, chunks
         )

@@ -9,7 +9,7 @@ without any of the optimizer's logic (nothing is scored, selected or ordered her
   ``<document ...>`` and ``</document>`` tags (``--document-tag``) in any string of the body, whatever the API
   (OpenAI chat and Responses, Anthropic Messages, Gemini); without any of those, the string contents of the
   ``tool``/``function`` messages (a tool result is context). It approximates what the server optimizes (the
-  server's own parser reads more cases: :mod:`rag_opt.server.documents`); an approximation only moves a request
+  server's own parser reads more cases: :mod:`rag_opt.wire.documents`); an approximation only moves a request
   to another replica, it never changes its answer;
 * the *key* (:func:`routing_key`): the least of the documents' 128-bit BLAKE2b hashes (each text stripped), a
   one-permutation MinHash. The same documents, in any order, always give the same key; two sets of documents that
@@ -31,7 +31,7 @@ from typing import Any
 __all__ = ["document_texts", "rank_replicas", "routing_key", "text_hash"]
 
 _TOOL_ROLES = ("tool", "function")
-_EXTENSION = "rag_opt"  # the chat extension field (rag_opt.server.request.EXTENSION_FIELD)
+_EXTENSION = "rag_opt"  # the chat extension field (rag_opt.wire.request.EXTENSION_FIELD)
 
 
 @lru_cache(maxsize=16)

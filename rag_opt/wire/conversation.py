@@ -2,8 +2,8 @@
 Headroom's contract), found with the proxy's own planners and written back into the messages.
 
 Nothing is detected here: each part of the conversation is read by the planner of its API —
-:func:`rag_opt.server.chat.plan_chat` for OpenAI messages (string content or text parts; ``tool``/``function``
-results), :func:`rag_opt.server.anthropic_messages.plan_messages` for Anthropic messages (``text``,
+:func:`rag_opt.wire.chat.plan_chat` for OpenAI messages (string content or text parts; ``tool``/``function``
+results), :func:`rag_opt.wire.anthropic_messages.plan_messages` for Anthropic messages (``text``,
 ``tool_result`` and ``document`` blocks) — so the context is what the proxy finds in a chat request:
 ``<document>`` blocks, tool results of at least ``--tool-min-chars`` characters (one JSON value or a table is
 compressed at its own grain), and nothing else. The shape is told apart by the messages (:func:`message_shape`).
@@ -18,7 +18,7 @@ arguments of the tool calls it answers (matched by ``tool_call_id`` / ``tool_use
 before it): their string values, one per line.
 
 Each turn is planned as a request of its own — ``{"messages": [its messages]}`` — and an optimization result is
-written back by the plan (:meth:`rag_opt.server.documents.ContextPlan.render`): only the optimized texts change,
+written back by the plan (:meth:`rag_opt.wire.documents.ContextPlan.render`): only the optimized texts change,
 each message keeps its other fields and its content shape (a string stays a string, a list of parts a list of
 parts; a block left blank is removed from its list, as on the Messages route). No scoring, selection or ordering
 happens here.
@@ -31,11 +31,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from rag_opt.server.anthropic_messages import plan_messages
-from rag_opt.server.chat import plan_chat
-from rag_opt.server.documents import SYSTEM_ROLES, TOOL_ROLES, ContextPlan, texts_of
-from rag_opt.server.errors import RewriteError
-from rag_opt.server.settings import ProxySettings
+from rag_opt.wire.anthropic_messages import plan_messages
+from rag_opt.wire.chat import plan_chat
+from rag_opt.wire.documents import SYSTEM_ROLES, TOOL_ROLES, ContextPlan, texts_of
+from rag_opt.wire.errors import RewriteError
+from rag_opt.wire.settings import WireSettings
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.types import OptimizeResult
@@ -53,7 +53,7 @@ __all__ = [
 Shape = Literal["openai", "anthropic"]
 QuestionSource = Literal["user", "tool_call"]
 ANTHROPIC_BLOCKS = frozenset({"tool_result", "tool_use", "document"})  # content blocks only Anthropic's API has
-_Planner = Callable[[bytes, Mapping[str, str], ProxySettings], ContextPlan]
+_Planner = Callable[[bytes, Mapping[str, str], WireSettings], ContextPlan]
 _PLANNERS: dict[Shape, _Planner] = {"openai": plan_chat, "anthropic": plan_messages}
 
 
@@ -74,7 +74,7 @@ class Turn:
 
     def written(self, result: OptimizeResult) -> dict[int, Any]:
         """The messages ``result`` changes, by position in the conversation: each as the plan renders it (only
-        its optimized texts differ). Raises :class:`~rag_opt.server.errors.RewriteError` when it cannot be
+        its optimized texts differ). Raises :class:`~rag_opt.wire.errors.RewriteError` when it cannot be
         written back."""
         try:
             rendered = json.loads(self.plan.render(result))["messages"]
@@ -198,10 +198,10 @@ def tool_call_question(messages: list[Any], context: list[int]) -> str | None:
     return "\n".join(texts) or None
 
 
-def find_turns(messages: list[Any], headers: Mapping[str, str], settings: ProxySettings) -> list[Turn]:
+def find_turns(messages: list[Any], headers: Mapping[str, str], settings: WireSettings) -> list[Turn]:
     """The turns of a conversation with their context, by the planner of its shape (see the module docstring).
 
-    Raises :class:`~rag_opt.server.errors.RequestError` for messages the planner refuses (a malformed message,
+    Raises :class:`~rag_opt.wire.errors.RequestError` for messages the planner refuses (a malformed message,
     an invalid ``x-ragopt-*`` header)."""
     shape = message_shape(messages)
     planner = _PLANNERS[shape]

@@ -1,4 +1,4 @@
-"""``POST /v1/responses``: the OpenAI Responses API route — its body read, its context found.
+"""The OpenAI Responses API (``POST /v1/responses``): a request body read, its context found.
 
 ``input`` is a string or a list of items. The question is the string ``input`` (document blocks removed), or the
 text of the last ``user`` message item (its ``input_text`` parts, or its string content, joined by newlines
@@ -15,8 +15,9 @@ current turn. Context is:
    message: a new first ``input_text`` part when its content is a list), or with ``"placement": "system"`` at the
    end of a string ``instructions``.
 
-Everything else is forwarded byte for byte (:meth:`rag_opt.server.documents.ContextPlan.render`); the flow is
-:class:`rag_opt.server.flow.ContextFlow` with OpenAI-style errors. Nothing is scored, selected or ordered here.
+Everything else is forwarded byte for byte (:meth:`rag_opt.wire.documents.ContextPlan.render`); the flow is
+:class:`rag_opt.wire.flow.RequestFlow` (``rag-opt serve``'s route: :class:`rag_opt.server.routes.Responses`, with
+OpenAI-style errors). Nothing is scored, selected or ordered here.
 """
 
 from __future__ import annotations
@@ -24,16 +25,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rag_opt.server.documents import SYSTEM_ROLES, ContextPlan, place_first, texts_of
-from rag_opt.server.engine import Engine
-from rag_opt.server.errors import RequestError, RewriteError
-from rag_opt.server.flow import ContextFlow
-from rag_opt.server.json_edit import Edit, JsonEditor, JsonPath
-from rag_opt.server.request import EXTENSION_FIELD, check_parts, check_unique, json_type, parse_request
-from rag_opt.server.settings import ProxySettings
-from rag_opt.server.state import ProxyState
+from rag_opt.wire.documents import SYSTEM_ROLES, ContextPlan, place_first, texts_of
+from rag_opt.wire.errors import RequestError, RewriteError
+from rag_opt.wire.json_edit import Edit, JsonEditor, JsonPath
+from rag_opt.wire.request import EXTENSION_FIELD, check_parts, check_unique, json_type, parse_request
+from rag_opt.wire.settings import WireSettings
 
-__all__ = ["Responses", "check_responses_body", "plan_responses"]
+__all__ = ["check_responses_body", "plan_responses"]
 
 _BODY_KEYS = frozenset({"input", "instructions", EXTENSION_FIELD})
 _ITEM_KEYS = frozenset({"type", "role", "content", "output"})
@@ -78,7 +76,7 @@ def _last_user(items: list[Any]) -> int | None:
     return users[-1] if users else None
 
 
-def plan_responses(raw: bytes, headers: Mapping[str, str], settings: ProxySettings) -> ContextPlan:
+def plan_responses(raw: bytes, headers: Mapping[str, str], settings: WireSettings) -> ContextPlan:
     """The context of a Responses API request body (see the module docstring); RequestError when invalid."""
     body, options, ext_docs = parse_request(raw, headers, check_responses_body)
     plan = ContextPlan(raw=raw, body=body, tag=settings.document_tag, query=None, options=options)
@@ -124,10 +122,3 @@ def _place(plan: ContextPlan, editor: JsonEditor, values: dict[JsonPath, str], e
     if placed is None:
         raise RewriteError("no user input to place the documents in")
     return placed
-
-
-class Responses(ContextFlow):
-    """The Responses API flow of one app (OpenAI-style errors)."""
-
-    def __init__(self, state: ProxyState, engine: Engine | None = None) -> None:
-        super().__init__(state, plan_responses, engine=engine)

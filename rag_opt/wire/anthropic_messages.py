@@ -1,4 +1,4 @@
-"""``POST /v1/messages``: the Anthropic Messages API route — its body read, its context found.
+"""The Anthropic Messages API (``POST /v1/messages``): a request body read, its context found.
 
 The question is the text of the last ``user`` message that has text (its ``text`` blocks, or its string
 content, joined by newlines with document blocks removed), unless ``rag_opt.query`` gives one; that message and
@@ -14,7 +14,7 @@ the ``user`` messages after it (which carry tool results) are the current turn. 
 4. ``rag_opt.documents``: rendered as blocks first in the question's message (a new first ``text`` block when
    its content is a list), or with ``"placement": "system"`` at the end of a string ``system`` prompt.
 
-Everything else is forwarded byte for byte (:meth:`rag_opt.server.documents.ContextPlan.render`), except that a
+Everything else is forwarded byte for byte (:meth:`rag_opt.wire.documents.ContextPlan.render`), except that a
 content block whose text the optimization leaves blank (a ``text`` block that held only dropped documents, a
 dropped ``document`` block) is removed rather than sent empty, which the API refuses; one block per list stays.
 Removing a block keeps what the API reads from block positions intact (:func:`remove_blank`):
@@ -24,7 +24,8 @@ Removing a block keeps what the API reads from block positions intact (:func:`re
 - when any ``document`` block of the request has citations on (``"citations": {"enabled": true}``), a dropped
   ``document`` block is not removed but kept with :data:`PLACEHOLDER` as its text, so every document keeps its
   ``document_index``.
-The flow is :class:`rag_opt.server.flow.ContextFlow`; rag-opt's own errors come in Anthropic's shape
+The flow is :class:`rag_opt.wire.flow.RequestFlow`; on ``rag-opt serve``
+(:class:`rag_opt.server.routes.AnthropicMessages`) rag-opt's own errors come in Anthropic's shape
 (``{"type": "error", "error": {"type", "message"}}``), and ``--upstream-api-key`` is sent as ``x-api-key``.
 Nothing is scored, selected or ordered here.
 """
@@ -34,16 +35,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rag_opt.server.documents import ContextPlan, place_first, texts_of
-from rag_opt.server.engine import Engine
-from rag_opt.server.errors import RequestError, RewriteError
-from rag_opt.server.flow import ContextFlow
-from rag_opt.server.json_edit import Edit, JsonEditor, JsonPath
-from rag_opt.server.request import EXTENSION_FIELD, check_messages, check_parts, check_unique, json_type, parse_request
-from rag_opt.server.settings import ProxySettings
-from rag_opt.server.state import ProxyState
+from rag_opt.wire.documents import ContextPlan, place_first, texts_of
+from rag_opt.wire.errors import RequestError, RewriteError
+from rag_opt.wire.json_edit import Edit, JsonEditor, JsonPath
+from rag_opt.wire.request import EXTENSION_FIELD, check_messages, check_parts, check_unique, json_type, parse_request
+from rag_opt.wire.settings import WireSettings
 
-__all__ = ["PLACEHOLDER", "AnthropicMessages", "check_messages_body", "plan_messages", "remove_blank"]
+__all__ = ["PLACEHOLDER", "check_messages_body", "plan_messages", "remove_blank"]
 
 _BODY_KEYS = frozenset({"messages", "system", EXTENSION_FIELD})
 PLACEHOLDER = "(omitted)"  # the text of a dropped document block kept for its citation index
@@ -86,7 +84,7 @@ def _text_source(block: dict[str, Any]) -> str | None:
     return None
 
 
-def plan_messages(raw: bytes, headers: Mapping[str, str], settings: ProxySettings) -> ContextPlan:
+def plan_messages(raw: bytes, headers: Mapping[str, str], settings: WireSettings) -> ContextPlan:
     """The context of a Messages API request body (see the module docstring); RequestError when invalid."""
     body, options, ext_docs = parse_request(raw, headers, check_messages_body)
     plan = ContextPlan(raw=raw, body=body, tag=settings.document_tag, query=None, options=options)
@@ -191,10 +189,3 @@ def _place(plan: ContextPlan, editor: JsonEditor, values: dict[JsonPath, str], e
         if placed is not None:
             return placed
     raise RewriteError("no user message to place the documents in")
-
-
-class AnthropicMessages(ContextFlow):
-    """The Messages API flow of one app: Anthropic-shaped errors, ``--upstream-api-key`` as ``x-api-key``."""
-
-    def __init__(self, state: ProxyState, engine: Engine | None = None) -> None:
-        super().__init__(state, plan_messages, fmt="anthropic", key_header="x-api-key", engine=engine)

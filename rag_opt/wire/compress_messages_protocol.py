@@ -1,6 +1,6 @@
 """Headroom's messages contract of ``POST /v1/compress`` on the wire: its request, ``config`` and response models,
-read and written by :mod:`rag_opt.server.compress_messages` (which serves them) and published in
-``docs/compress.schema.json``."""
+read and written by :mod:`rag_opt.wire.compress_messages` (``rag-opt serve`` serves them:
+:mod:`rag_opt.server.compress_messages`) and published in ``docs/compress.schema.json``."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rag_opt.server.conversation import QuestionSource
-from rag_opt.server.engine import TierChoice
 from rag_opt.text.language import check_language
 from rag_opt.types import Budget, OrderingName, Timings, check_ordering
+from rag_opt.wire.conversation import QuestionSource
+from rag_opt.wire.job import TierChoice
 
 __all__ = [
     "MESSAGES_FIELD",

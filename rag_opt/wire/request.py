@@ -2,7 +2,7 @@
 
 A body that is not UTF-8 JSON, not an object, or whose structure rag-opt reads is malformed (for a chat
 completion: its ``messages``; the other routes pass their own check to :func:`parse_request`) is a client error
-(:class:`~rag_opt.server.errors.RequestError`, answered with a 400 in the route's error shape); rag-opt
+(:class:`~rag_opt.wire.errors.RequestError`, answered with a 400 in the route's error shape); rag-opt
 validates only the structure it reads, everything else is the upstream's to validate.
 
 One rule on every route for what rag-opt reads (``/v1/compress``: the whole body; the forwarding routes: the keys
@@ -31,10 +31,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rag_opt.errors import InvalidInputError
-from rag_opt.server.errors import RequestError
-from rag_opt.server.settings import BUDGET_FIELDS  # also accepted at the top level of a request
+from rag_opt.options import BUDGET_FIELDS  # also accepted at the top level of a request
 from rag_opt.text.language import check_language
 from rag_opt.types import Budget, Document, check_ordering, to_documents
+from rag_opt.wire.errors import RequestError
 
 __all__ = [
     "EXTENSION_FIELD",
@@ -254,7 +254,7 @@ def parse_request(
     without one). ``check``: the route's check of the body's structure (default: a chat completion's,
     :func:`check_chat_body`).
 
-    Raises :class:`~rag_opt.server.errors.RequestError` for an unknown or invalid ``x-ragopt-*`` header (checked
+    Raises :class:`~rag_opt.wire.errors.RequestError` for an unknown or invalid ``x-ragopt-*`` header (checked
     first), a body that is not a valid request (JSON, an object, then ``check``) or an invalid ``rag_opt``
     member."""
     opts = _header_options(headers)
@@ -370,7 +370,7 @@ def load_object(raw: bytes) -> dict[str, Any]:
 def decode_body(raw: bytes, encoding: str, limit: int) -> bytes:
     """A request body sent with ``Content-Encoding: encoding`` (``gzip``, ``x-gzip``, ``deflate`` or
     ``identity``), decoded; at most ``limit`` bytes once decoded. Raises
-    :class:`~rag_opt.server.errors.RequestError`: 415 for another or a stacked encoding, 413 past ``limit`` (a
+    :class:`~rag_opt.wire.errors.RequestError`: 415 for another or a stacked encoding, 413 past ``limit`` (a
     gzip bomb stops there), 400 for a corrupt or truncated body."""
     codings = [c.strip().lower() for c in encoding.split(",") if c.strip() and c.strip().lower() != "identity"]
     if not codings:

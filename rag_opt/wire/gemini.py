@@ -1,5 +1,5 @@
-"""``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent``: the Gemini API's routes — the
-body read, its context found.
+"""The Gemini API (``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent``): a request body
+read, its context found.
 
 The same routes under ``tunedModels/`` and under ``/v1`` (the google-genai SDK's default API version) are these
 routes too (:func:`rag_opt.server.paths.gemini_route`); they are forwarded to ``--gemini-upstream`` with the path
@@ -24,14 +24,15 @@ current turn. Context is:
    of ``systemInstruction`` (a new ``systemInstruction`` when there is none). The ``rag_opt`` field is removed
    before forwarding.
 
-Everything else is forwarded byte for byte (:meth:`rag_opt.server.documents.ContextPlan.render`), except that a
+Everything else is forwarded byte for byte (:meth:`rag_opt.wire.documents.ContextPlan.render`), except that a
 ``text`` part the optimization leaves blank is not sent: the API refuses an empty text part (its ``data`` oneof
 is then unset), so such a part is removed from its ``parts``. When every part of ``systemInstruction`` would go,
 the ``systemInstruction`` is removed (a system instruction of nothing is none); when every part of a content
 would go (its text was all dropped documents), the request is forwarded unoptimized rather than with an empty
-content (fail-open, reason ``error``). The flow is :class:`rag_opt.server.flow.ContextFlow`; rag-opt's own errors
-come in Google's shape (``{"error": {"code", "message", "status"}}``), and ``--gemini-upstream-api-key`` is sent
-as ``x-goog-api-key`` (:mod:`rag_opt.server.upstream`). The model, for ``/stats``, is the one the path names.
+content (fail-open, reason ``error``). The flow is :class:`rag_opt.wire.flow.RequestFlow`; on ``rag-opt serve``
+(:class:`rag_opt.server.routes.GeminiContent`) rag-opt's own errors come in Google's shape (``{"error": {"code",
+"message", "status"}}``), ``--gemini-upstream-api-key`` is sent as ``x-goog-api-key``
+(:mod:`rag_opt.server.upstream`), and the model, for ``/stats``, is the one the path names.
 Nothing is scored, selected or ordered here.
 """
 
@@ -40,19 +41,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from starlette.requests import Request
+from rag_opt.wire.documents import ContextPlan
+from rag_opt.wire.errors import RequestError, RewriteError
+from rag_opt.wire.json_edit import Edit, JsonEditor, JsonPath
+from rag_opt.wire.request import EXTENSION_FIELD, check_unique, json_type, parse_request
+from rag_opt.wire.settings import WireSettings
 
-from rag_opt.server.documents import ContextPlan
-from rag_opt.server.engine import Engine
-from rag_opt.server.errors import RequestError, RewriteError
-from rag_opt.server.flow import ContextFlow
-from rag_opt.server.json_edit import Edit, JsonEditor, JsonPath
-from rag_opt.server.paths import gemini_model
-from rag_opt.server.request import EXTENSION_FIELD, check_unique, json_type, parse_request
-from rag_opt.server.settings import ProxySettings
-from rag_opt.server.state import ProxyState
-
-__all__ = ["FUNCTION_RESPONSE_KEYS", "SYSTEM_KEYS", "GeminiContent", "check_gemini_body", "plan_gemini"]
+__all__ = ["FUNCTION_RESPONSE_KEYS", "SYSTEM_KEYS", "check_gemini_body", "plan_gemini"]
 
 SYSTEM_KEYS = ("systemInstruction", "system_instruction")
 FUNCTION_RESPONSE_KEYS = ("functionResponse", "function_response")
@@ -187,7 +182,7 @@ def _asking(contents: list[Any]) -> list[int]:
     return [i for i, c in enumerate(contents) if _role(c) == "user" and _texts(c, ())]
 
 
-def plan_gemini(raw: bytes, headers: Mapping[str, str], settings: ProxySettings) -> ContextPlan:
+def plan_gemini(raw: bytes, headers: Mapping[str, str], settings: WireSettings) -> ContextPlan:
     """The context of a generateContent request body (see the module docstring); RequestError when invalid."""
     body, options, ext_docs = parse_request(raw, headers, check_gemini_body)
     plan = ContextPlan(raw=raw, body=body, tag=settings.document_tag, query=None, options=options)
@@ -285,13 +280,3 @@ def _place(plan: ContextPlan, editor: JsonEditor, values: dict[JsonPath, str], e
             values[at] = ext_text + "\n\n" + values.get(at, str(parts["text"]))
             return []
     raise RewriteError("no user content to place the documents in")
-
-
-class GeminiContent(ContextFlow):
-    """The Gemini generateContent flow of one app: Google-shaped errors, the model read from the path."""
-
-    def __init__(self, state: ProxyState, engine: Engine | None = None) -> None:
-        super().__init__(state, plan_gemini, fmt="google", key_header="x-goog-api-key", engine=engine)
-
-    def model_of(self, request: Request, plan: ContextPlan) -> str | None:
-        return gemini_model(request.scope["path"])

@@ -1,5 +1,6 @@
 """The documents contract of ``POST /v1/compress`` on the wire: its request and response models, read and written
-by :mod:`rag_opt.server.compress` (which serves them) and published as ``docs/compress.schema.json``."""
+by :mod:`rag_opt.wire.compress` (``rag-opt serve`` serves them: :mod:`rag_opt.server.compress`) and published as
+``docs/compress.schema.json``."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rag_opt.explanation import Explanation
-from rag_opt.server.engine import TierChoice
-from rag_opt.server.settings import BUDGET_FIELDS  # also accepted at the top level of a request
+from rag_opt.options import BUDGET_FIELDS  # also accepted at the top level of a request
 from rag_opt.text.language import check_language
 from rag_opt.types import MAX_EXPLAINED_UNITS, Budget, OrderingName, Timings, check_ordering
+from rag_opt.wire.job import TierChoice
 
 __all__ = [
     "COMPRESS_PATH",

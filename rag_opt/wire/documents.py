@@ -11,8 +11,8 @@ removed), unless the request's ``rag_opt.query`` gives one. Context is, in this 
    positions of the same message text. An empty block (nothing but whitespace between the tags) is not a
    document: it is forwarded as it is and keeps its place. A document or a question holding a lone UTF-16
    surrogate (a ``\\ud800``-style escape without its pair: not Unicode text) is a 400 naming where, as on every
-   route (:func:`rag_opt.server.request.lone_surrogate`). Blocks are found by
-   :func:`rag_opt.server.markup.scan` in linear time: quoted attribute values may contain ``>``; with nested
+   route (:func:`rag_opt.wire.request.lone_surrogate`). Blocks are found by
+   :func:`rag_opt.wire.markup.scan` in linear time: quoted attribute values may contain ``>``; with nested
    blocks, the innermost ones are the documents and the tags around them stay as they are; unmatched tags are
    text.
 2. ``tool``/``function`` messages of the current turn without blocks whose text is at least
@@ -24,9 +24,9 @@ removed), unless the request's ``rag_opt.query`` gives one. Context is, in this 
    first system message (``placement: "system"``); the ``rag_opt`` field is always removed before forwarding.
    Empty ones are rendered as they are, in their place, and not optimized.
 
-The request itself is read and validated by :mod:`rag_opt.server.request`. Everything else is forwarded byte
+The request itself is read and validated by :mod:`rag_opt.wire.request`. Everything else is forwarded byte
 for byte: the new request body is the original bytes with only the changed JSON string values replaced (and the
-``rag_opt`` member removed, the extension documents inserted; :mod:`rag_opt.server.json_edit`), so key order,
+``rag_opt`` member removed, the extension documents inserted; :mod:`rag_opt.wire.json_edit`), so key order,
 whitespace, number formatting and escapes elsewhere are untouched. A request without context is forwarded as
 the original bytes. No scoring, selecting or ordering happens here: that is
 :meth:`rag_opt.ContextOptimizer.optimize`.
@@ -40,10 +40,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from rag_opt.server.errors import RewriteError
-from rag_opt.server.json_edit import Edit, JsonEditor, JsonPath, apply_edits
-from rag_opt.server.markup import parse_attributes, scan, strip_blocks
-from rag_opt.server.request import EXTENSION_FIELD, Options, lone_surrogate
+from rag_opt.wire.errors import RewriteError
+from rag_opt.wire.json_edit import Edit, JsonEditor, JsonPath, apply_edits
+from rag_opt.wire.markup import parse_attributes, scan, strip_blocks
+from rag_opt.wire.request import EXTENSION_FIELD, Options, lone_surrogate
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.types import Document, OptimizeResult
@@ -132,7 +132,7 @@ class Container:
 
 
 def _optimizable(text: str, path: JsonPath) -> bool:
-    """A document worth optimizing: not empty. A :class:`~rag_opt.server.errors.RequestError` (a 400 naming
+    """A document worth optimizing: not empty. A :class:`~rag_opt.wire.errors.RequestError` (a 400 naming
     ``path``) when it holds a lone surrogate: not Unicode text, it cannot be read."""
     if has_lone_surrogate(text):
         raise lone_surrogate(json_path(path), json_path(path))
@@ -274,7 +274,7 @@ class ContextPlan:
     def set_query(self, texts: list[str]) -> None:
         """The question: the ``rag_opt.query`` option, else ``texts`` (those of the last user message) joined by
         newlines with their blocks removed; None when empty. With documents to optimize, a question holding a lone
-        surrogate is refused (:func:`~rag_opt.server.request.lone_surrogate`: it is read, as they are)."""
+        surrogate is refused (:func:`~rag_opt.wire.request.lone_surrogate`: it is read, as they are)."""
         if self.options.query is not None:
             self.query = self.options.query
         elif texts:

@@ -1,25 +1,23 @@
-"""``POST /v1/chat/completions``: the OpenAI chat completions route.
+"""The OpenAI chat completions API (``POST /v1/chat/completions``): a request body read, its context found.
 
 Its context is found by :func:`plan_request` (``<document>`` blocks, large tool messages of the current turn,
-the ``rag_opt`` field: the rules are in :mod:`rag_opt.server.documents`, with the plan they fill); the rest of the
-flow — optimization on the worker pool, the lexical tier, fail-open, the ``x-ragopt-*`` headers, forwarding — is
-:class:`rag_opt.server.flow.ContextFlow` (its tiers: :class:`rag_opt.server.engine.Engine`).
+the ``rag_opt`` field: the rules are in :mod:`rag_opt.wire.documents`, with the plan they fill); the rest of the
+flow — the job, fail-open, writing the result back, the outcome — is :class:`rag_opt.wire.flow.RequestFlow`, driven
+by ``rag-opt serve``'s route (:class:`rag_opt.server.routes.ChatCompletions`: the worker pool, the lexical tier,
+the ``x-ragopt-*`` headers, forwarding) and by the gateway adapter (:mod:`rag_opt.adapters.gateway`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from rag_opt.server.documents import SYSTEM_ROLES, TOOL_ROLES, ContextPlan, place_first, texts_of
-from rag_opt.server.engine import Engine
-from rag_opt.server.errors import RewriteError
-from rag_opt.server.flow import MODEL_ORDERINGS, ContextFlow, Outcome
-from rag_opt.server.json_edit import Edit, JsonEditor, JsonPath
-from rag_opt.server.request import EXTENSION_FIELD, parse_request
-from rag_opt.server.settings import ProxySettings
-from rag_opt.server.state import ProxyState
+from rag_opt.wire.documents import SYSTEM_ROLES, TOOL_ROLES, ContextPlan, place_first, texts_of
+from rag_opt.wire.errors import RewriteError
+from rag_opt.wire.json_edit import Edit, JsonEditor, JsonPath
+from rag_opt.wire.request import EXTENSION_FIELD, parse_request
+from rag_opt.wire.settings import WireSettings
 
-__all__ = ["MODEL_ORDERINGS", "ChatCompletions", "Outcome", "plan_chat", "plan_request"]
+__all__ = ["plan_chat", "plan_request"]
 
 
 def _place(plan: ContextPlan, editor: JsonEditor, values: dict[JsonPath, str], ext_text: str) -> list[Edit]:
@@ -54,8 +52,8 @@ def plan_request(
 ) -> ContextPlan:
     """Find the context of a chat completion request body.
 
-    Raises :class:`~rag_opt.server.errors.RequestError` for a body that is not a valid chat completion request,
-    an invalid ``rag_opt`` field or ``x-ragopt-*`` header (see :func:`rag_opt.server.request.parse_request`).
+    Raises :class:`~rag_opt.wire.errors.RequestError` for a body that is not a valid chat completion request,
+    an invalid ``rag_opt`` field or ``x-ragopt-*`` header (see :func:`rag_opt.wire.request.parse_request`).
     """
     body, options, ext_docs = parse_request(raw, headers)
     plan = ContextPlan(raw=raw, body=body, tag=tag, query=None, options=options)
@@ -79,7 +77,7 @@ def plan_request(
     return plan
 
 
-def plan_chat(raw: bytes, headers: Mapping[str, str], settings: ProxySettings) -> ContextPlan:
+def plan_chat(raw: bytes, headers: Mapping[str, str], settings: WireSettings) -> ContextPlan:
     """The context of a chat completion request, with the proxy's settings (document tag, tool messages)."""
     return plan_request(
         raw,
@@ -88,10 +86,3 @@ def plan_chat(raw: bytes, headers: Mapping[str, str], settings: ProxySettings) -
         tool_messages=settings.tool_messages,
         tool_min_chars=settings.tool_min_chars,
     )
-
-
-class ChatCompletions(ContextFlow):
-    """The chat completions flow of one app."""
-
-    def __init__(self, state: ProxyState, engine: Engine | None = None) -> None:
-        super().__init__(state, plan_chat, engine=engine)

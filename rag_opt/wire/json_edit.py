@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from json.decoder import scanstring  # type: ignore[attr-defined]  # (undeclared in typeshed)
 from typing import Any
 
-from rag_opt.server.errors import RewriteError
+from rag_opt.wire.errors import RewriteError
 
 __all__ = ["Edit", "JsonEditor", "JsonPath", "apply_edits", "dumps"]
 
