@@ -195,6 +195,7 @@ async def test_without_context_or_question_the_messages_come_back_unchanged(
         ("no_context", [conversation[0], {"role": "user", "content": question}], {}),
         ("no_query", [conversation[3], conversation[4]], {}),  # a tool result, no question and no call before it
         ("disabled", conversation, {"x-ragopt-disable": "true"}),
+        ("disabled", conversation, {"x-headroom-bypass": "true"}),  # Headroom's clients' switch
         ("no_context", [], {}),
     ]
     for status, messages, headers in cases:
