@@ -752,6 +752,7 @@ class RayRecord:
     replica: str = ""  # x-ragopt-replica
     doc_set: int = -1
     error: str = ""
+    reason: str = ""  # why not the model tier (the answer's reason: overload, timeout, ...)
 
 
 class RedisProc:
@@ -828,6 +829,7 @@ async def compress_one(
         return rec
     out = r.json()
     rec.status, rec.tier = out.get("status", ""), out.get("tier", "")
+    rec.reason = out.get("reason") or ""
     return rec
 
 
@@ -949,6 +951,7 @@ async def ray_phase(args: argparse.Namespace, routing: str, up_url: str, cache_u
         "p99_ms": pct(lat, 0.99),
         "statuses": dict(Counter(r.status for r in ok)),
         "tiers": dict(tiers),
+        "reasons": dict(Counter(r.reason for r in ok if r.reason)),  # why a request was not served by the model
         "model_tier_share": tiers["model"] / len(ok) if ok else None,
         "served_by_replica": dict(Counter(r.replica for r in ok)),
         "sets_on_one_replica": sum(len(v) == 1 for v in by_set.values()) / len(by_set) if by_set else None,
