@@ -240,7 +240,9 @@ def _summary(
                             [x[metric] for x in base[:m]], [x[metric] for x in mine[:m]]
                         )
                 if base and fmt != "bf16":
-                    cell["kept_differs"] = sum(a["kept"] != b["kept"] for a, b in zip(base[:m], mine[:m])) / max(1, m)
+                    cell["kept_differs"] = sum(
+                        a["kept"] != b["kept"] for a, b in zip(base[:m], mine[:m], strict=True)
+                    ) / max(1, m)
                 entry[f"{titles} {r:.3f}"] = cell
         out["formats"][fmt] = entry
     out["bare_forward_ms_median"] = statistics.median(bare) if bare else None

@@ -33,7 +33,7 @@ REASONS: dict[str, str] = {
     "floor": "kept whatever the budget: the context's best unit, so that the context is not emptied",
     "first": "kept as its document's first unit (keep_first)",
     "best_of_document": "kept as its document's best unit that fits (keep_best_per_doc)",
-    "antecedent": "kept as the antecedent of a kept sentence that opens with a back-reference (It, She, These, ...)",
+    "antecedent": "kept as the antecedent of a kept sentence that leans on it (It, These, 'than that', ...)",
     "title": "kept as the title of a document that keeps text",
     "heading": "kept as the heading of a kept unit (a title/heading row)",
     "structure": "kept as protected structure around a kept unit (JSON brackets or key, a table header, a code fence)",

@@ -287,12 +287,14 @@ class OptimizerOptions:
 
     keep_antecedents: bool = option(
         True,
-        "keep a sentence that opens with a back-reference (It, She, These, ...) only together with the sentence "
-        "before it",
+        "keep a sentence that leans on the one before it (opening with It, She, These, ...; 'than that', 'this "
+        "method', 'The treatment ...') only together with the sentence before it",
         text=TextForm(bool, flag="--no-antecedents"),
     )
-    """Keep an English sentence that opens with a back-reference (``It``, ``She``, ``These``, ...) only together
-    with the sentence before it, so no kept sentence dangles (default on)."""
+    """Keep an English sentence that leans on the one before it — opening with a pronoun (``It``, ``She``,
+    ``These``, ...), or a demonstrative or definite back-reference ("than that", "this method", "The treatment ..."
+    whose noun the sentence before introduced: :mod:`rag_opt.text.references`) — only together with the sentence
+    before it, so no kept sentence dangles (default on)."""
 
     drop_below_best: float | None = option(
         None,

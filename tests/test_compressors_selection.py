@@ -98,8 +98,9 @@ def test_titles_are_kept_exactly_with_their_documents_text() -> None:
     scores = np.array([0.0, 0.9, 0.1, 0.2, 0.0, 0.05, 0.01])
     sel = select(units, scores, COUNT, limit=COUNT("Alpha\n") + COUNT("Alpha is a letter. "))
     assert sel.keep.tolist() == [True, True, False, False, False, False, False]
-    assert sel.kept_docs == [0] and sel.texts == ("Alpha is a letter. ", "")
-    assert sel.tokens_after.tolist() == [COUNT("Alpha\n") + COUNT("Alpha is a letter. "), 0]
+    # the kept text ends at its last word: the space after the unit is not left trailing
+    assert sel.kept_docs == [0] and sel.texts == ("Alpha is a letter.", "")
+    assert sel.tokens_after.tolist() == [COUNT("Alpha\n") + COUNT("Alpha is a letter."), 0]
 
 
 def test_a_heading_is_kept_with_the_sentences_under_it_and_never_alone() -> None:
@@ -170,7 +171,7 @@ def test_structured_rows_are_kept_with_their_brackets_and_header() -> None:
     scores[rows[0][17]] = scores[rows[1][17]] = 1.0
     sel = select(units, scores, COUNT, limit=int(units.tokens[rows[0][17]] + units.tokens[rows[1][17]]) + 12)
     assert json.loads(sel.texts[0]) == [records[17]]
-    assert sel.texts[1] == "id,name,price\n17,item 17,25.5\n"
+    assert sel.texts[1] == "id,name,price\n17,item 17,25.5"  # no newline left trailing after the kept row
 
 
 def test_a_back_reference_is_kept_only_with_its_antecedent() -> None:

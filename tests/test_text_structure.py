@@ -99,7 +99,7 @@ def test_a_markdown_table_and_a_csv_are_cut_into_rows_kept_with_their_header() -
         assert units.texts[0] == head and not units.candidate[0]
         assert units.candidate[1:].all() and len(units.texts) == 41 and (units.parent[1:] == 0).all()
         keep = keep_with_needs(units, np.isin(np.arange(units.n_units), [5, 17]))
-        assert units.render(0, keep) == head + units.texts[5] + units.texts[17]
+        assert units.render(0, keep) == head + units.texts[5] + units.texts[17].rstrip()  # no trailing newline
 
 
 def test_delimited_values_are_a_table_but_prose_with_commas_is_not() -> None:
@@ -121,7 +121,7 @@ def test_a_large_code_block_is_cut_into_line_chunks_between_its_fences() -> None
     assert len(chunks) > 1 and all(utf8(units.texts[r]) <= MAX_UNIT_BYTES for r in chunks)
     assert all(t.endswith("\n") for t in (units.texts[r] for r in chunks))  # whole lines
     keep = keep_with_needs(units, np.isin(np.arange(units.n_units), [chunks[3]]))
-    assert units.render(0, keep) == "```python\n" + units.texts[chunks[3]] + "```\n"
+    assert units.render(0, keep) == "```python\n" + units.texts[chunks[3]] + "```"  # no trailing newline
     assert units.closer[fence_open] == units.n_units - 1
 
 

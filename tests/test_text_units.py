@@ -65,3 +65,23 @@ def test_a_table_over_given_spans_keeps_the_datasets_sentences() -> None:
         and t.candidate.tolist() == [False] + [True] * len(sentences)
     )
     assert t.tokens_before == COUNT(f"{title}\n") + COUNT("".join(sentences))
+
+
+def test_the_kept_text_does_not_end_in_the_whitespace_after_its_last_unit() -> None:
+    """A sentence unit carries the whitespace after it: between two kept runs it stays (the separator, verbatim),
+    at the end of the kept text it goes, and the spans still point into the original text."""
+    text = "Honey is sweet. It is made by bees.\n\nHoney keeps well. Bees dance. "
+    t = UnitTable.build(to_documents([text]), COUNT)
+    rows = {t.texts[r].strip(): r for r in range(t.n_units)}
+    keep = np.zeros(t.n_units, dtype=bool)
+    keep[[rows["Honey is sweet."], rows["Honey keeps well."]]] = True
+    spans = t.kept_spans(0, keep)
+    assert spans == [(0, 16), (37, 54)] and text[37:54] == "Honey keeps well."
+    assert t.render(0, keep) == "Honey is sweet. Honey keeps well." == join_spans(text, spans)
+    keep[rows["It is made by bees."]] = True  # a run that ends at a paragraph break keeps it as its separator
+    assert t.render(0, keep) == "Honey is sweet. It is made by bees.\n\nHoney keeps well."
+    keep[:] = False
+    keep[rows["It is made by bees."]] = True
+    assert t.render(0, keep) == "It is made by bees."  # not "...bees.\n\n"
+    keep[:] = True  # kept whole: verbatim, its own trailing space included
+    assert t.kept_spans(0, keep) == [(0, len(text))] and t.render(0, keep) == text

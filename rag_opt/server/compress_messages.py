@@ -92,9 +92,7 @@ class MessagesCompressor:
         except RequestError as exc:
             return self._refused(exc)
         ignored = ignored_fields(data)
-        if (
-            headers.get("x-headroom-bypass", "").strip().lower() == "true"
-        ):  # Headroom proxy's own switch
+        if headers.get("x-headroom-bypass", "").strip().lower() == "true":  # Headroom proxy's own switch
             return await self._answer(headers, req, [], "disabled", "x-headroom-bypass", t0, size, config, ignored)
         try:
             turns = await off_loop(size, lambda: find_turns(req.messages, headers, s.wire))

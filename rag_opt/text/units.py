@@ -297,12 +297,18 @@ class UnitTable:
     def kept_spans(self, d: int, keep: np.ndarray) -> list[tuple[int, int]]:
         """Character spans of document ``d``'s text kept by the per-row ``keep`` mask (adjacent ones merged). The
         comma before a kept item is left out when no item before it in its container is kept (a JSON array or
-        object whose first items were dropped), so kept JSON stays valid."""
+        object whose first items were dropped), so kept JSON stays valid. Unless the whole text is kept, the last
+        span ends at its last non-space character: a unit carries the whitespace after it, which separates it from
+        a later kept unit but would otherwise be left trailing at the end of the kept text."""
         spans: list[tuple[int, int]] = []
         opened: set[int] = set()  # containers (their opener rows) with a kept item so far
         text = self.documents[d].text if self.documents else ""
+        whole = True
         for r in self.rows(d):
-            if not keep[r] or self.start[r] < 0:
+            if self.start[r] < 0:
+                continue
+            if not keep[r]:
+                whole = False
                 continue
             s, e = int(self.start[r]), int(self.end[r])
             p = int(self.parent[r]) if self.parent is not None else -1
@@ -316,7 +322,13 @@ class UnitTable:
                 spans.append((s, e))
             if p >= 0:
                 opened.add(p)
-        return merge_spans(spans)
+        spans = merge_spans(spans)
+        if spans and not whole and text:
+            s, e = spans[-1]
+            while e > s and text[e - 1].isspace():
+                e -= 1
+            spans[-1:] = [(s, e)] if e > s else []
+        return spans
 
     def title_in_text(self, d: int) -> bool:
         """Whether document ``d``'s title is its text's leading heading line (not a title row of its own)."""
