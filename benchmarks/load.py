@@ -510,7 +510,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         side: dict[str, Any] = {}
         for name, base in (("direct", up_url), ("proxy", proxy_url)):
             if name == "proxy":  # the proxy's liveness under the load, and (--big-request) one 1 MB request in it
-                side["livez"] = asyncio.ensure_future(livez_latencies(proxy_url, args.seconds))
+                side["livez"] = asyncio.ensure_future(livez_latencies(proxy_url, args.seconds, args.livez_every))
                 if args.big_request:
                     side["big"] = asyncio.ensure_future(big_request(proxy_url, args.time_budget_ms / 1e3))
             if args.request_rate:
@@ -1069,6 +1069,7 @@ def main() -> None:
     p.add_argument("--optimizer-nice", type=int, default=10, help="proxy --optimizer-nice (0: same priority)")
     p.add_argument("--ratio", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--livez-every", type=float, default=0.25, help="seconds between /livez probes under the load")
     p.add_argument(
         "--serve-args", default="", help="more rag-opt serve flags, e.g. '--no-lexical-tier --batch-wait-ms 0'"
     )

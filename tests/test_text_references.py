@@ -59,10 +59,15 @@ def test_what_is_not_a_back_reference(previous: str, sentence: str, title: str |
     assert back_reference(sentence, previous, title=title, lead=lead) is None
 
 
-def test_the_subject_exception_needs_a_title() -> None:
-    # untitled, "the club" of the first sentence is what the sentence before it says
+def test_the_documents_own_subject_is_no_reference_with_or_without_a_title() -> None:
+    # "the club" is the subject the first sentence introduces: keeping that sentence for every later mention costs
+    # facts under a budget (antecedents.py --titles none), so it is no cue, titled or not
     lead = "Cork City F.C. is an Irish football club."
-    assert back_reference("The club plays at Turners Cross.", lead, title=None, lead=lead)
+    assert back_reference("The club plays at Turners Cross.", lead, title=None, lead=lead) is None
+    assert back_reference("The club plays at Turners Cross.", lead, title="Cork City F.C.", lead=lead) is None
+    # a noun the sentence before introduces that the first sentence does not is still a reference
+    before = "In 2005 it adopted a new treatment of its pitch."
+    assert back_reference("The treatment works best in early winter.", before, title=None, lead=lead)
 
 
 def test_stem_matches_plurals() -> None:

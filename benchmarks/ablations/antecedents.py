@@ -12,8 +12,9 @@ keep_antecedents``), so no kept sentence dangles; the arms are without the rule 
 references ("than that", "this method", "The treatment works ...": ``SelectionOptions.keep_references``,
 :mod:`rag_opt.text.references`).
 
-On the first ``--hotpot`` HotpotQA dev questions of the seeded shuffle (titles as a field) and, with ``--squad``,
-the first SQuAD 2.0 dev answerable questions of ``compression.py``'s sample (the question's paragraph among up to 4
+On the first ``--hotpot`` HotpotQA dev questions of the seeded shuffle (titles as a field; ``--titles none``: no
+title given) and, with ``--squad``, the first SQuAD 2.0 dev answerable questions of ``compression.py``'s sample
+(the question's paragraph among up to 4
 others of its article), both selection rules run on the same scores (the model tier's scores are computed once per
 context and reused; the lexical tier's too), at 1/3 and 1/5, and the paired differences (second arm minus first)
 come with 95 % bootstrap intervals. Besides the quality metrics, each arm reports the kept tokens (``tokens``, and
@@ -101,7 +102,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     for ex in tqdm(hotpot, desc="hotpot", mininterval=30):
-        docs = [{"id": t, "title": t, "text": ex.paragraph_text(p)} for p, t in enumerate(ex.titles)]
+        docs = [
+            {"id": t, "text": ex.paragraph_text(p)} | ({"title": t} if args.titles == "field" else {})
+            for p, t in enumerate(ex.titles)
+        ]
         sources = {d["id"]: d["text"] for d in docs}
         for tier, opts in tiers.items():
             for r in RATIOS:
@@ -127,6 +131,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "compare": args.compare,
         "arms": [first, second],
         "hotpot_questions": len(hotpot),
+        "titles": args.titles,
         "squad_questions": len(squad),
         "results": {},
     }
@@ -156,6 +161,9 @@ def main() -> None:
     ap.add_argument("--hotpot", type=int, default=300)
     ap.add_argument("--squad", type=int, default=0, help="SQuAD 2.0 dev answerable questions (0: none)")
     ap.add_argument("--lexical-only", action="store_true", help="the lexical tier only (no model)")
+    ap.add_argument(
+        "--titles", choices=["field", "none"], default="field", help="HotpotQA titles as a field, or not given"
+    )
     ap.add_argument("--out", default=None, help="default: results/antecedents.json, or antecedents_references.json")
     args = ap.parse_args()
     out = args.out or str(

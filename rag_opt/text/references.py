@@ -11,8 +11,10 @@ returns None. The cues, chosen for precision (a false cue costs budget: the sent
   system*") whose noun the sentence has not named before it (for "such", one the sentence before names);
 - a sentence that opens with a definite noun phrase ("*The treatment* works best ...", "However, *the company*
   ...") whose noun is a lower-case word the sentence before names, that the title does not name, and that does not
-  name the document's own subject: when the sentence before is a titled document's first sentence naming the
-  title, "The city has ..." under "Berlin" is read through the title, which is kept with it anyway.
+  name the document's own subject, which its first sentence introduces: "The city has ..." under "Berlin" is read
+  through the title, which is kept with it anyway; without a title, the first sentence is not kept for every later
+  "The film ..." (that costs facts and answers kept under a budget: ``benchmarks/ablations/antecedents.py
+  --titles none``).
 
 Capitalised words after "the" are names ("The Beatles", "the United States"), never references.
 """
@@ -115,8 +117,11 @@ def back_reference(sentence: str, previous: str, *, title: str | None = None, le
     if m and _head(m.group(1)):
         return m.group(0).strip()
     known = _stems(title) if title else set()  # what the title names (kept with the sentence anyway)
-    if title and lead is not None:
-        known |= _stems(lead)  # "The club", "this film": the document's own subject, which the title names
+    if lead is not None:
+        # "The club", "this film": the document's own subject, which its title names (kept with the sentence) or,
+        # without a title, its first sentence introduces; keeping that first sentence for every later mention
+        # costs the budget more than it gains (measured: benchmarks/ablations/antecedents.py --titles none)
+        known |= _stems(lead)
     for m in _DEMONSTRATIVE.finditer(text):
         det = m.group(1).lower()
         if m.start() == 0 and det in ("this", "these"):
