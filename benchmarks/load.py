@@ -335,20 +335,38 @@ class Bench:
 
 # -- statistics -------------------------------------------------------------------------------------------------
 async def livez_latencies(base: str, seconds: float, every: float = 0.25) -> list[float]:
-    """``GET /livez`` every ``every`` seconds for ``seconds``, on a client of its own: each answer's latency (ms)."""
+    """``GET /livez`` every ``every`` seconds for ``seconds``, from a process of its own (so the load clients' event
+    loop, busy with 64 clients, does not delay reading the answers): each answer's latency (ms)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        __file__,
+        "--livez-probe",
+        base,
+        "--seconds",
+        str(seconds),
+        "--livez-every",
+        str(every),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await proc.communicate()
+    return [float(x) for x in json.loads(out or b"[]")]
+
+
+def probe_livez(base: str, seconds: float, every: float) -> None:
+    """``--livez-probe``: the prober's own process; prints the latencies (ms) as a JSON list."""
     out: list[float] = []
     end = time.perf_counter() + seconds
-    async with httpx.AsyncClient(timeout=30) as client:
+    with httpx.Client(timeout=30) as client:
         while time.perf_counter() < end:
             t = time.perf_counter()
             try:
-                r = await client.get(f"{base}/livez")
+                r = client.get(f"{base}/livez")
                 if r.status_code == 200:
                     out.append((time.perf_counter() - t) * 1e3)
             except httpx.TransportError:
                 pass
-            await asyncio.sleep(every)
-    return out
+            time.sleep(every)
+    print(json.dumps(out))
 
 
 def huge_text(sentences: int = 16_000, seed: int = 0) -> str:
@@ -1089,9 +1107,13 @@ def main() -> None:
     ray.add_argument("--ray-num-cpus", type=int, default=None, help="Ray: CPUs of the local Ray (default: replicas)")
     ray.add_argument("--cpus-per-replica", type=float, default=1.0, help="Ray: CPUs reserved per replica")
     p.add_argument("--serve-upstream", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--livez-probe", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_upstream is not None:
         serve_upstream(args.serve_upstream)
+        return
+    if args.livez_probe is not None:
+        probe_livez(args.livez_probe, args.seconds, args.livez_every)
         return
     if args.ray_replicas:
         args.ray_num_cpus = args.ray_num_cpus or max(1, round(args.ray_replicas * args.cpus_per_replica))
