@@ -56,14 +56,14 @@ def test_the_fill_pass_leaves_no_unit_that_would_still_fit_once_rendered(ratio: 
     # unit counts overestimate (a trailing space merges into the next word), so the rendered text ends under the
     # budget; every unit whose counted cost (with what it needs kept with it: title, heading, antecedent) fits the
     # slack (one token of allowance) must have been tried
-    from rag_opt.compressors.selection import _header_needs
+    from rag_opt.compressors.unit_needs import unit_needs
 
     for _, units, scores in _real(6):
         limit = int(ratio * units.tokens_before)
         sel = select(units, scores, COUNT, limit=limit)
         total = int(sel.tokens_after.sum())
         assert total <= limit
-        needs = _header_needs(units)
+        needs = unit_needs(units)
         for r in np.flatnonzero(units.candidate & ~sel.keep):
             d = int(units.doc[r])
             cost = int(units.tokens[r]) + sum(int(units.tokens[t]) for t in needs[r] if not sel.keep[t])
@@ -199,11 +199,11 @@ def test_a_back_reference_is_kept_only_with_its_antecedent() -> None:
     kept = [units.texts[r].strip() for r in np.flatnonzero(both.keep)]
     assert kept.index("Berlin is the capital of Germany.") < kept.index("It has many museums.")
     # the rule is English's: German units get no antecedent needs
-    from rag_opt.compressors.selection import _header_needs
+    from rag_opt.compressors.unit_needs import unit_needs
 
     german = to_documents(["Berlin ist die Hauptstadt. Es hat viele Museen. It ist ein Wort."])
     de = UnitTable.build(german, count, "de")
-    assert all(len(n) == 0 for r, n in enumerate(_header_needs(de)) if de.kind[r] == "sentence")
+    assert all(len(n) == 0 for r, n in enumerate(unit_needs(de)) if de.kind[r] == "sentence")
 
 
 def test_keep_best_per_doc_outranks_the_antecedent_rule() -> None:

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from rag_opt.compressors.baselines import BM25Scorer
-from rag_opt.compressors.selection import SelectionOptions, _header_needs, select
+from rag_opt.compressors.selection import SelectionOptions, select
+from rag_opt.compressors.unit_needs import unit_needs
 from rag_opt.errors import InvalidInputError
 from rag_opt.explanation import REASONS, describe, explain_result
 from rag_opt.report import render_html
@@ -35,7 +36,7 @@ def test_every_reason_is_said_in_words_and_is_kept_or_dropped() -> None:
 
 def _checked(units: UnitTable, sel: Any, scores: np.ndarray, threshold: float | None = None) -> dict[str, int]:
     """Every row has a reason that agrees with the keep-mask, and what a kept row was kept with needs it."""
-    needs = _header_needs(units)
+    needs = unit_needs(units)
     counts: dict[str, int] = {}
     assert len(sel.reasons) == units.n_units and sel.needed_by is not None and sel.rank is not None
     for r, reason in enumerate(sel.reasons):

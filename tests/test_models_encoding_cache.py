@@ -334,7 +334,7 @@ def test_resolve_cache_options(tmp_path):
 
 
 def test_rotated_keys_decode_through_an_orthonormal_rotation():
-    from rag_opt.models.kv_codec import _hadamard
+    from rag_opt.models.kv_quant import hadamard as _hadamard
 
     for d in (64, 96, 80):
         h = _hadamard(d)

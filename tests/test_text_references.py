@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rag_opt.compressors.selection import SelectionOptions, _header_needs, select
+from rag_opt.compressors.selection import SelectionOptions, select
+from rag_opt.compressors.unit_needs import unit_needs
 from rag_opt.text.references import back_reference, stem
 from rag_opt.text.tokens import get_token_counter
 from rag_opt.text.units import UnitTable
@@ -86,8 +87,8 @@ def test_keep_references_keeps_the_sentence_a_reference_leans_on() -> None:
     units = UnitTable.build(docs, COUNT)
     rows = {units.texts[r].strip(): r for r in range(units.n_units)}
     leaning, before = rows["Honey with more water than that can ferment."], rows["Honey is about 17% water."]
-    assert before not in _header_needs(units, references=False)[leaning]
-    assert before in _header_needs(units)[leaning]
+    assert before not in unit_needs(units, references=False)[leaning]
+    assert before in unit_needs(units)[leaning]
     scores = np.zeros(units.n_units)
     scores[leaning] = 5.0
     scores[rows["Bees make honey."]] = 1.0
@@ -103,4 +104,4 @@ def test_keep_references_keeps_the_sentence_a_reference_leans_on() -> None:
     off = SelectionOptions(keep_antecedents=False)
     assert select(units, scores, COUNT, limit=room, options=off).keep[leaning]
     de = UnitTable.build(to_documents(["Honig ist süß. Honey with more water than that can ferment."]), COUNT, "de")
-    assert all(len(n) == 0 for r, n in enumerate(_header_needs(de)) if de.kind[r] == "sentence")
+    assert all(len(n) == 0 for r, n in enumerate(unit_needs(de)) if de.kind[r] == "sentence")

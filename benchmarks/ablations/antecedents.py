@@ -37,9 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: com
 from common import data_dir, paired_bootstrap  # noqa: E402
 from compression import MemoScorer, hotpot_metrics, squad_examples, squad_metrics  # noqa: E402
 
-from rag_opt.compressors.selection import _ANAPHORIC_OPENING  # noqa: E402
 from rag_opt.pipeline import ContextOptimizer  # noqa: E402
-from rag_opt.text.references import back_reference  # noqa: E402
+from rag_opt.text.references import leans_on_previous  # noqa: E402
 from rag_opt.training.datasets import read_hotpotqa  # noqa: E402
 from rag_opt.types import OptimizeResult  # noqa: E402
 
@@ -66,7 +65,7 @@ def dangling(result: OptimizeResult, sources: dict[str, str]) -> float | None:
                 kept += 1
                 if i and not sentences[i - 1].kept and sentences[i - 1].end == u.start:
                     before = text[sentences[i - 1].start : sentences[i - 1].end]
-                    if _ANAPHORIC_OPENING.match(s) or back_reference(s, before, title=doc.title, lead=lead):
+                    if leans_on_previous(s, before, title=doc.title, lead=lead):
                         leaning += 1
             if len(lead.split()) < 5:
                 lead += s

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import logging
 import time
 from collections.abc import Sequence
@@ -57,7 +56,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rag_opt.models.encoding_cache import EncodingCache
     from rag_opt.models.parallel import Block
 
-__all__ = ["DocumentIndexer", "IndexSummary", "RayIndexer", "RowResult", "parse_row", "register", "run_index"]
+__all__ = ["DocumentIndexer", "IndexSummary", "RowResult", "parse_row", "register", "run_index"]
 
 logger = logging.getLogger("rag_opt.cli.index")
 
@@ -310,7 +309,9 @@ def run_index(
             bar.update(len(results))
 
         if ray:
-            _run_on_ray(input, cache_dir, batch, tally, ray_address, actors, cpus_per_actor, options)
+            from rag_opt.cli.index_ray import run_on_ray
+
+            run_on_ray(input, cache_dir, batch, tally, ray_address, actors, cpus_per_actor, options, DocumentIndexer)
         else:
             indexer = DocumentIndexer(cache_dir, **options)
             failed: list[RowResult] = []
@@ -348,72 +349,6 @@ def run_index(
     if summary.indexed + summary.cached + summary.failed == 0:
         raise UserError(f"{name} holds no documents")
     return summary
-
-
-class RayIndexer:
-    """The callable class of ``rag-opt index --ray`` for ``Dataset.map_batches``: one :class:`DocumentIndexer`
-    (one model) per actor; a batch of ``line`` and ``record`` (the parsed document as JSON text) columns in,
-    ``line``, ``status``, ``error`` and ``blocks`` out."""
-
-    def __init__(self, cache_dir: str, **options: Any) -> None:
-        self.indexer = DocumentIndexer(cache_dir, **options)
-
-    def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:
-        rows = [(int(n), json.loads(str(r))) for n, r in zip(batch["line"], batch["record"], strict=True)]
-        results = self.indexer.index_rows(rows, defer=False)  # (written inline: nothing left to flush)
-        return {
-            "line": [r.line for r in results],
-            "status": [r.status for r in results],
-            "error": [r.error or "" for r in results],
-            "blocks": [r.blocks for r in results],
-        }
-
-
-def _run_on_ray(
-    input: str,
-    cache_dir: str | Path,
-    batch: int,
-    tally: Any,
-    ray_address: str | None,
-    actors: int,
-    cpus_per_actor: float,
-    options: dict[str, Any],
-) -> None:  # pragma: no cover - needs the ray extra (tests skip without it)
-    import ray
-    import ray.data
-
-    failed: list[RowResult] = []
-    items = [
-        {"line": line, "record": json.dumps(doc, ensure_ascii=False)}
-        for rows in batches(input, batch, failed)
-        for line, doc in rows
-    ]
-    tally(failed)
-    if not items:
-        return
-    started = not ray.is_initialized()  # a Ray this process already runs is used, and left running
-    if started:
-        ray.init(address=ray_address, include_dashboard=False, log_to_driver=True)
-    try:
-        ds: Any = ray.data.from_items(items)
-        ds = ds.map_batches(
-            RayIndexer,
-            fn_constructor_kwargs={"cache_dir": str(Path(cache_dir).resolve()), **options},
-            batch_size=batch,
-            batch_format="numpy",
-            compute=ray.data.ActorPoolStrategy(size=actors),
-            num_cpus=cpus_per_actor,
-        )
-        for out in ds.iter_batches(batch_size=None, batch_format="numpy"):
-            tally(
-                [
-                    RowResult(int(n), str(s), str(e) or None, int(b))  # type: ignore[arg-type]
-                    for n, s, e, b in zip(out["line"], out["status"], out["error"], out["blocks"], strict=True)
-                ]
-            )
-    finally:
-        if started:
-            ray.shutdown()
 
 
 # -- the command --------------------------------------------------------------------------------------------------

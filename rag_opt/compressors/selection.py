@@ -37,15 +37,14 @@ were tried in.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from rag_opt.compressors.context_features import document_links
+from rag_opt.compressors.unit_needs import unit_needs
 from rag_opt.errors import InvalidInputError
-from rag_opt.text.references import back_reference
 from rag_opt.text.units import UnitTable
 from rag_opt.types import UnitReason
 
@@ -132,7 +131,7 @@ def select(
         for r in np.flatnonzero(was & ~units.candidate).tolist():
             why[r] = "document_below_best"
     header = ~units.candidate
-    needs = _header_needs(
+    needs = unit_needs(
         units, antecedents=options.keep_antecedents, references=options.keep_antecedents and options.keep_references
     )
     score = np.asarray(scores, dtype=np.float64)
@@ -349,46 +348,6 @@ def _fill(
                 return
 
 
-# an English sentence that opens with one of these refers back to the sentence before it ("It has many museums.")
-_ANAPHORIC_OPENING = re.compile(r"^\W*(It|Its|He|His|Him|She|Her|They|Their|Them|This|These|Those)\b")
-
-
-def _header_needs(units: UnitTable, *, antecedents: bool = True, references: bool = True) -> list[tuple[int, ...]]:
-    """Per row, the rows it needs kept with it: its document's title row, the nearest heading before, its
-    enclosing structure, and (English, ``antecedents``) for a sentence that opens with a back-reference
-    (``It``, ``She``, ``These``, ...), the sentence just before it and what that one needs: a kept sentence never
-    dangles without its antecedent. With ``references`` too, a sentence that leans on the one before through a
-    demonstrative or definite reference ("than that", "this method", "The treatment ...":
-    :func:`rag_opt.text.references.back_reference`) needs it the same way."""
-    needs: list[tuple[int, ...]] = [()] * units.n_units
-    anaphora = antecedents and units.language.split("-")[0].lower() == "en"
-    for d in range(units.n_docs):
-        title: int | None = None
-        heading: int | None = None
-        previous: int | None = None  # the sentence just before, in this document and section
-        lead = ""  # the document's first sentence (two when the first is a few words): what it is about
-        name = units.titles[d] if units.titles else None
-        for r in units.rows(d):
-            kind = units.kind[r]
-            if kind == "title":
-                title = r
-            elif kind == "heading":
-                heading = r
-                previous = None
-            elif units.candidate[r]:
-                needs[r] = tuple(h for h in (title, heading) if h is not None) + units.enclosing(r)
-                if anaphora and kind == "sentence" and previous is not None:
-                    text = units.texts[r]
-                    if _ANAPHORIC_OPENING.match(text) or (
-                        references and back_reference(text, units.texts[previous], title=name, lead=lead)
-                    ):
-                        needs[r] = tuple(dict.fromkeys((*needs[r], previous, *needs[previous])))
-                if kind == "sentence" and len(lead.split()) < 5:
-                    lead += units.texts[r]
-                previous = r if kind == "sentence" else None
-    return needs
-
-
 def _greedy(
     units: UnitTable,
     score: np.ndarray,
@@ -441,7 +400,7 @@ def _greedy(
         # a document none of whose units fits with its antecedent keeps its best unit that fits without it: the
         # caller asked for every document (the antecedent rule yields to that)
         if len(done) < len(set(units.doc[order].tolist())):  # only then: the needs without antecedents
-            bare = _header_needs(units, antecedents=False)
+            bare = unit_needs(units, antecedents=False)
             for i in order:
                 d = int(units.doc[i])
                 if d not in done and not kept[i]:

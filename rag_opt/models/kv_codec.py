@@ -28,7 +28,8 @@ format       keys  values  source queries   bytes per document token, everything
 ===========  ====  ======  ===============  ==========================================================
 
 Scales and zero points are float16. Quantized codes are packed (two 4-bit or four 2-bit codes a byte, along the
-head dimension). A format is part of the cache's store key: entries of two formats never mix.
+head dimension); the primitives are :mod:`rag_opt.models.kv_quant`. A format is part of the cache's store key:
+entries of two formats never mix.
 
 An :class:`EncodedStates` is what the cache holds and hands out. It decodes lazily: the question pass copies a
 block's states into its buffer once per document set (:mod:`rag_opt.models.question_buffer`), decoding them straight
@@ -40,14 +41,24 @@ does not match.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rag_opt.errors import InvalidInputError
+from rag_opt.models.kv_quant import (
+    dequant,
+    dequant_grouped,
+    dequant_rows,
+    dequant_values,
+    dequantized,
+    hadamard,
+    quant,
+    quant_grouped,
+    quant_symmetric,
+    rounded_into,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -145,7 +156,7 @@ class EncodedStates:
             raw = self.tensors.get("states")
             if raw is not None:
                 return (raw if depth is None else raw[:depth]).to(dtype)
-            return _dequant_rows(self.tensors, self.format.query_bits, self.shape, depth).to(dtype)
+            return dequant_rows(self.tensors, self.format.query_bits, self.shape, depth).to(dtype)
         layers = self.shape[1] if depth is None else min(depth, self.shape[1])
         out = torch.empty((2, layers, *self.shape[2:]), dtype=dtype)
         self.decode_into(out, layers)
@@ -177,7 +188,7 @@ class EncodedStates:
         f = self.format
         _dequant_keys(self.tensors, f, self.shape, depth, out[0], self.dtype)
         stored = min(depth, self.shape[1] - 1)  # the last layer's values are not stored (see encode_states)
-        _dequant_values(self.tensors, f.value_bits, self.shape, stored, out[1, :stored], self.dtype)
+        dequant_values(self.tensors, f.value_bits, self.shape, stored, out[1, :stored], self.dtype)
         out[1, stored:depth].zero_()
 
     # -- serialization -----------------------------------------------------------------------------------------
@@ -257,134 +268,20 @@ def encode_states(states: torch.Tensor, fmt: KVFormat | str | None = None) -> En
         x = states.float()
         tensors: dict[str, torch.Tensor] = {}
         if f.key_rotated:  # keys: rotated, then per token over the rotated channels
-            _quant(x[0] @ _hadamard(shape[4]), f.key_bits, dim=3, prefix="k", out=tensors)
+            quant(x[0] @ hadamard(shape[4]), f.key_bits, dim=3, prefix="k", out=tensors)
         elif f.key_group:  # keys: per channel, over each group of tokens
-            _quant_grouped(x[0], f.key_bits, f.key_group, prefix="k", out=tensors)
+            quant_grouped(x[0], f.key_bits, f.key_group, prefix="k", out=tensors)
         else:  # keys: per channel, over the block's tokens
-            _quant(x[0], f.key_bits, dim=2, prefix="k", out=tensors)
+            quant(x[0], f.key_bits, dim=2, prefix="k", out=tensors)
         # values: per token, over the channels; the last layer's are not stored: a question pass reads an entry's
         # last layer for its attention rows only (keys), and its output there is never used
-        _quant(x[1, :-1], f.value_bits, dim=3, prefix="v", out=tensors)
+        quant(x[1, :-1], f.value_bits, dim=3, prefix="v", out=tensors)
         return EncodedStates(f, kind, shape, dtype, tensors)
     if f.query_bits == 16:
         return EncodedStates(f, kind, shape, dtype, {"states": states.contiguous()})
     tensors = {}
-    _quant_symmetric(states.float(), f.query_bits, out=tensors)
+    quant_symmetric(states.float(), f.query_bits, out=tensors)
     return EncodedStates(f, kind, shape, dtype, tensors)
-
-
-# -- quantization ------------------------------------------------------------------------------------------------
-def _quant(x: torch.Tensor, bits: int, *, dim: int, prefix: str, out: dict[str, torch.Tensor]) -> None:
-    """Asymmetric ``bits``-bit codes of ``x`` (L, H, T, d) with one float16 scale and minimum per slice along
-    ``dim`` (2: per channel over tokens; 3: per token over channels); 16 bits keeps ``x`` in bfloat16."""
-    import torch
-
-    if bits == 16:
-        out[prefix] = x.to(torch.bfloat16)
-        return
-    lo = x.amin(dim=dim, keepdim=True)
-    hi = x.amax(dim=dim, keepdim=True)
-    levels = (1 << bits) - 1
-    scale = ((hi - lo) / levels).to(torch.float16)
-    lo16 = lo.to(torch.float16)
-    s = scale.float()
-    s = torch.where(s > 0, s, torch.ones_like(s))
-    codes = torch.round((x - lo16.float()) / s).clamp_(0, levels).to(torch.uint8)
-    out[prefix] = _pack(codes, bits)
-    out[prefix + "_scale"] = scale
-    out[prefix + "_min"] = lo16
-
-
-def _dequant(
-    tensors: Mapping[str, torch.Tensor],
-    prefix: str,
-    bits: int,
-    d: int,
-    depth: int,
-    out: torch.Tensor,
-    dtype: torch.dtype,
-) -> None:
-    if bits == 16:
-        out.copy_(tensors[prefix][:depth])
-        return
-    _rounded_into(out, _dequantized(tensors, prefix, bits, d, depth), dtype)
-
-
-def _dequantized(tensors: Mapping[str, torch.Tensor], prefix: str, bits: int, d: int, depth: int) -> torch.Tensor:
-    """:func:`_quant`'s codes of the first ``depth`` layers decoded, in float32."""
-    scale = tensors[prefix + "_scale"][:depth].float()  # small: converted once, not per element
-    lo = tensors[prefix + "_min"][:depth].float()
-    return _unpack(tensors[prefix][:depth], bits, d).float().mul_(scale).add_(lo)
-
-
-@functools.lru_cache(maxsize=8)
-def _hadamard(d: int) -> torch.Tensor:
-    """An orthonormal, symmetric ``d`` × ``d`` rotation (its own inverse): Sylvester's Hadamard matrix of the largest
-    power of two dividing ``d``, normalized, repeated along the diagonal."""
-    import torch
-
-    b = d & -d
-    h = torch.ones(1, 1)
-    while h.shape[0] < b:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    h = h / math.sqrt(b)
-    return torch.block_diag(*([h] * (d // b)))
-
-
-def _rounded_into(out: torch.Tensor, values: torch.Tensor, dtype: torch.dtype) -> None:
-    """``values`` (float32) rounded to ``dtype`` (the model's) and written into ``out`` (any float dtype): a float32
-    question buffer reads exactly what a buffer in the model's dtype does, so one question alone and the same question
-    in a batch read the same states."""
-    out.copy_(values if dtype == values.dtype else values.to(dtype))
-
-
-def _quant_grouped(x: torch.Tensor, bits: int, group: int, *, prefix: str, out: dict[str, torch.Tensor]) -> None:
-    """Asymmetric ``bits``-bit codes of ``x`` (L, H, T, d), one float16 scale and minimum per channel and per group
-    of ``group`` tokens (the last group may be shorter): KIVI's grouping, which follows keys that drift along the
-    block (rotary positions) with the same bits."""
-    import torch
-
-    t = x.shape[2]
-    groups = -(-t // group)
-    pad = groups * group - t
-    xp = torch.cat([x, x[:, :, -1:].expand(-1, -1, pad, -1)], dim=2) if pad else x
-    xg = xp.unflatten(2, (groups, group))  # (L, H, G, group, d)
-    lo = xg.amin(dim=3, keepdim=True)
-    hi = xg.amax(dim=3, keepdim=True)
-    levels = (1 << bits) - 1
-    scale = ((hi - lo) / levels).to(torch.float16)
-    lo16 = lo.to(torch.float16)
-    s = scale.float()
-    s = torch.where(s > 0, s, torch.ones_like(s))
-    codes = torch.round((xg - lo16.float()) / s).clamp_(0, levels).to(torch.uint8).flatten(2, 3)[:, :, :t]
-    out[prefix] = _pack(codes, bits)
-    out[prefix + "_scale"] = scale.squeeze(3)  # (L, H, G, d)
-    out[prefix + "_min"] = lo16.squeeze(3)
-
-
-def _dequant_grouped(
-    tensors: Mapping[str, torch.Tensor],
-    prefix: str,
-    bits: int,
-    d: int,
-    group: int,
-    depth: int,
-    out: torch.Tensor,
-    dtype: torch.dtype,
-) -> None:
-    """Decode :func:`_quant_grouped`'s codes into ``out`` (depth, H, T, d) (any strides), rounded to ``dtype``."""
-    x = _unpack(tensors[prefix][:depth], bits, d).float()
-    scale = tensors[prefix + "_scale"][:depth].float()  # (depth, H, G, d)
-    lo = tensors[prefix + "_min"][:depth].float()
-    t = x.shape[2]
-    full = t // group
-    if full:
-        body = x[:, :, : full * group].unflatten(2, (full, group))  # a view: writes reach ``x``
-        body.mul_(scale[:, :, :full, None]).add_(lo[:, :, :full, None])
-    if t > full * group:
-        tail = x[:, :, full * group :]
-        tail.mul_(scale[:, :, full, None]).add_(lo[:, :, full, None])
-    _rounded_into(out, x, dtype)
 
 
 def _dequant_keys(
@@ -396,78 +293,11 @@ def _dequant_keys(
     dtype: torch.dtype,
 ) -> None:
     if fmt.key_rotated:
-        _rounded_into(out, _dequantized(tensors, "k", fmt.key_bits, shape[4], depth) @ _hadamard(shape[4]), dtype)
+        rounded_into(out, dequantized(tensors, "k", fmt.key_bits, shape[4], depth) @ hadamard(shape[4]), dtype)
     elif fmt.key_group and fmt.key_bits != 16:
-        _dequant_grouped(tensors, "k", fmt.key_bits, shape[4], fmt.key_group, depth, out, dtype)
+        dequant_grouped(tensors, "k", fmt.key_bits, shape[4], fmt.key_group, depth, out, dtype)
     else:
-        _dequant(tensors, "k", fmt.key_bits, shape[4], depth, out, dtype)
-
-
-def _dequant_values(
-    tensors: Mapping[str, torch.Tensor],
-    bits: int,
-    shape: tuple[int, ...],
-    depth: int,
-    out: torch.Tensor,
-    dtype: torch.dtype,
-) -> None:
-    _dequant(tensors, "v", bits, shape[4], depth, out, dtype)
-
-
-def _quant_symmetric(x: torch.Tensor, bits: int, *, out: dict[str, torch.Tensor]) -> None:
-    """Symmetric ``bits``-bit codes of ``x`` (L, H, S, d), one float16 scale per row (per query vector)."""
-    import torch
-
-    half = (1 << (bits - 1)) - 1
-    scale = (x.abs().amax(dim=-1, keepdim=True) / half).to(torch.float16)
-    s = scale.float()
-    s = torch.where(s > 0, s, torch.ones_like(s))
-    codes = torch.round(x / s).clamp_(-half, half).add_(half).to(torch.uint8)
-    out["q"] = _pack(codes, bits)
-    out["q_scale"] = scale
-
-
-def _dequant_rows(
-    tensors: Mapping[str, torch.Tensor], bits: int, shape: tuple[int, ...], depth: int | None
-) -> torch.Tensor:
-    import torch
-
-    half = (1 << (bits - 1)) - 1
-    codes = tensors["q"] if depth is None else tensors["q"][:depth]
-    scale = tensors["q_scale"] if depth is None else tensors["q_scale"][:depth]
-    x = _unpack(codes, bits, shape[3]).to(torch.float32).sub_(half)
-    return x.mul_(scale.float())
-
-
-def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """``codes`` (uint8, each < 2**bits) packed along the last axis: 8 // bits codes a byte."""
-    if bits == 8:
-        return codes.contiguous()
-    per = 8 // bits
-    if codes.shape[-1] % per:
-        raise ValueError(f"the last dimension ({codes.shape[-1]}) must be a multiple of {per} to pack {bits}-bit codes")
-    grouped = codes.reshape(*codes.shape[:-1], codes.shape[-1] // per, per)
-    packed = grouped[..., 0].clone()
-    for i in range(1, per):
-        packed |= grouped[..., i] << (bits * i)
-    return packed.contiguous()
-
-
-def _unpack(packed: torch.Tensor, bits: int, d: int) -> torch.Tensor:
-    import torch
-
-    if bits == 8:
-        return packed
-    per = 8 // bits
-    mask = (1 << bits) - 1
-    out = torch.empty((*packed.shape, per), dtype=torch.uint8)
-    torch.bitwise_and(packed, mask, out=out[..., 0])
-    for i in range(1, per):
-        if i == per - 1:  # the top codes need no mask
-            torch.bitwise_right_shift(packed, bits * i, out=out[..., i])
-        else:
-            torch.bitwise_and(torch.bitwise_right_shift(packed, bits * i), mask, out=out[..., i])
-    return out.view(*packed.shape[:-1], d)
+        dequant(tensors, "k", fmt.key_bits, shape[4], depth, out, dtype)
 
 
 def _digest(tensors: Mapping[str, torch.Tensor]) -> str:

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["back_reference", "stem"]
+__all__ = ["back_reference", "leans_on_previous", "opens_with_pronoun", "stem"]
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z'\u2019-]*")
+# an English sentence that opens with one of these refers back to the sentence before it ("It has many museums.")
+_PRONOUN_OPENING = re.compile(r"^\W*(It|Its|He|His|Him|She|Her|They|Their|Them|This|These|Those)\b")
 
 # "than that", "than this" standing for a quantity or thing said before: followed by a clause's verb or its end
 _AUX = (
@@ -102,6 +104,21 @@ def _head(word: str) -> bool:
         and word not in _NOT_A_HEAD
         and not word.endswith(("ly", "est"))
         and not word.endswith(("ing",))  # "this being", "the following"
+    )
+
+
+def opens_with_pronoun(sentence: str) -> bool:
+    """Whether an English ``sentence`` opens with a pronoun that refers back ("It has many museums.")."""
+    return _PRONOUN_OPENING.match(sentence) is not None
+
+
+def leans_on_previous(
+    sentence: str, previous: str, *, title: str | None = None, lead: str | None = None, references: bool = True
+) -> bool:
+    """Whether ``sentence`` needs ``previous`` (the sentence just before it) to be read: it opens with a pronoun,
+    or (``references``) it refers back through a phrase :func:`back_reference` finds."""
+    return opens_with_pronoun(sentence) or (
+        references and back_reference(sentence, previous, title=title, lead=lead) is not None
     )
 
 
