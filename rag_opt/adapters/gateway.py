@@ -15,8 +15,10 @@ here.
 
 Failures follow :attr:`GatewaySettings.fail_closed`: by default (fail-open) an optimizer or sidecar that fails
 (an error, the timeout, the work limits, a sidecar that cannot be reached, answers an error or fails open itself)
-leaves the request unoptimized, with a warning; fail-closed raises :class:`GatewayError` (503). An invalid
-``rag_opt`` field or ``x-ragopt-*`` header is always a :class:`GatewayError` (400), as on the proxy.
+leaves the request unoptimized, with a warning, and so does a failure to find the context, to write the result
+back (``fail_open``, reason ``error: <exception type>``) or to rewrite the request unoptimized (its messages go on
+as sent), as on ``rag-opt serve``; fail-closed raises :class:`GatewayError` (503). An invalid ``rag_opt`` field or
+``x-ragopt-*`` header is always a :class:`GatewayError` (400), as on the proxy.
 """
 
 from __future__ import annotations
@@ -319,15 +321,21 @@ class _Backend:
         return attempt.elapsed_ms()
 
     def unreadable(self, exc: Exception) -> str:
-        self.gateway._refuse_if_closed(reason := f"error: {type(exc).__name__}")
-        logger.warning("rag-opt: finding the context failed (%s); not optimizing", reason)
-        return reason
+        return self._failed(exc, "finding the context failed", "not optimizing")
 
     def unwritable(self, exc: Exception, attempt: Attempt) -> Attempt:
-        raise exc  # (as before the core was shared: a result that cannot be written back is not swallowed)
+        reason = self._failed(exc, "writing the optimized context back failed", "forwarding the request unoptimized")
+        return Attempt(None, attempt.t0, reason)
 
     def unrendered(self, exc: Exception) -> None:
-        raise exc
+        self._failed(exc, "rewriting the request failed", "forwarding its messages as sent")
+
+    def _failed(self, exc: Exception, what: str, then: str) -> str:
+        """A failure of the core's own steps: refused under ``fail_closed``, else a warning naming the exception's
+        type (never the request's content); the fail-open reason."""
+        self.gateway._refuse_if_closed(reason := f"error: {type(exc).__name__}")
+        logger.warning("rag-opt: %s (%s); %s", what, reason, then)
+        return reason
 
 
 def _reason(exc: BaseException) -> str:
