@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rag_opt.text.language import check_language
-from rag_opt.types import Budget, OrderingName, Timings, check_ordering
+from rag_opt.types import Budget, Timings
+from rag_opt.wire.compress_fields import LanguageCode, OrderingChoice, Ratio, TargetTokens, Threshold
 from rag_opt.wire.conversation import QuestionSource
 from rag_opt.wire.job import TierChoice
 
@@ -36,13 +36,11 @@ class MessagesConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True)
 
-    ratio: float | None = Field(default=None, gt=0, le=1, description="fraction of context tokens to keep")
-    target_tokens: int | None = Field(default=None, ge=0, description="context tokens to keep (target tokenizer)")
-    threshold: float | None = Field(
-        default=None, ge=0, le=1, description="keep sentences whose relevance probability is at least this"
-    )
-    ordering: OrderingName | None = Field(default=None, description="document ordering (default: the server's)")
-    language: str | None = Field(default=None, description="ISO 639 code of the context's language")
+    ratio: Ratio = None
+    target_tokens: TargetTokens = None
+    threshold: Threshold = None
+    ordering: OrderingChoice | None = Field(default=None, description="document ordering (default: the server's)")
+    language: LanguageCode | None = Field(default=None, description="ISO 639 code of the context's language")
     target: str | None = Field(
         default=None,
         description="the tokenizer budgets and token counts are in: one the server allows (--allowed-targets), "
@@ -54,16 +52,6 @@ class MessagesConfig(BaseModel):
     def _one_budget(self) -> MessagesConfig:
         self.budget()  # at most one limit
         return self
-
-    @field_validator("language")
-    @classmethod
-    def _language(cls, v: str | None) -> str | None:
-        return None if v is None else check_language(v)
-
-    @field_validator("ordering")
-    @classmethod
-    def _ordering(cls, v: str | None) -> str | None:
-        return None if v is None else check_ordering(v)
 
     def budget(self) -> Budget | None:
         """The budget given here (None: none)."""

@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from rag_opt.explanation import Explanation
 from rag_opt.options import BUDGET_FIELDS  # also accepted at the top level of a request
-from rag_opt.text.language import check_language
-from rag_opt.types import MAX_EXPLAINED_UNITS, Budget, OrderingName, Timings, check_ordering
+from rag_opt.types import MAX_EXPLAINED_UNITS, Budget, Timings
+from rag_opt.wire.compress_fields import LanguageCode, OrderingChoice, Ratio, TargetTokens, Threshold
 from rag_opt.wire.job import TierChoice
 
 __all__ = [
@@ -46,11 +46,9 @@ class CompressBudget(BaseModel):
 
     model_config = _STRICT
 
-    ratio: float | None = Field(default=None, gt=0, le=1, description="fraction of context tokens to keep")
-    target_tokens: int | None = Field(default=None, ge=0, description="context tokens to keep (target tokenizer)")
-    threshold: float | None = Field(
-        default=None, ge=0, le=1, description="keep sentences whose relevance probability is at least this"
-    )
+    ratio: Ratio = None
+    target_tokens: TargetTokens = None
+    threshold: Threshold = None
 
     @model_validator(mode="after")
     def _one(self) -> CompressBudget:
@@ -77,7 +75,7 @@ class CompressRequest(BaseModel):
         description="default: the server's budget (--ratio, ...; 0.5 unless set). Its fields may also be given at "
         "the top level (ratio, target_tokens, threshold), as in the Python API",
     )
-    ordering: OrderingName | None = Field(default=None, description="document ordering (default: the server's)")
+    ordering: OrderingChoice | None = Field(default=None, description="document ordering (default: the server's)")
     target: str | None = Field(
         default=None,
         description="the LLM the context is for: budgets and token counts are in its tokenizer (an OpenAI model or "
@@ -85,7 +83,7 @@ class CompressRequest(BaseModel):
         "allows (its --allowed-targets; default: o200k_base, cl100k_base, the model names of those encodings, and "
         "its --target): any other is a 400",
     )
-    language: str | None = Field(
+    language: LanguageCode | None = Field(
         default=None,
         description="ISO 639 code of the documents' language (en, de, pt-BR, ...): segmentation and BM25 "
         "stopwords follow it (default: the server's --language)",
@@ -129,16 +127,6 @@ class CompressRequest(BaseModel):
         if not v.strip():
             raise ValueError("the question is blank")
         return v
-
-    @field_validator("language")
-    @classmethod
-    def _language(cls, v: str | None) -> str | None:
-        return None if v is None else check_language(v)
-
-    @field_validator("ordering")
-    @classmethod
-    def _ordering(cls, v: str | None) -> str | None:
-        return None if v is None else check_ordering(v)
 
     def as_documents(self) -> list[dict[str, Any]]:
         """The documents as the optimizer takes them."""
