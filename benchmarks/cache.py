@@ -909,6 +909,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         f: v["stored_bytes_per_token"] * t["document_tokens"]["distinct_total"]
         for f, v in out["entry_sizes"]["formats"].items()
     }
+    if args.sizes_only:
+        return out
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmpdir:
         tmp = Path(tmpdir)
         redis: Redis | None = None
@@ -1110,11 +1112,14 @@ def main() -> None:
     ap.add_argument("--mix-requests", type=int, default=120, help="requests of the real mix (0: none)")
     ap.add_argument("--mix-memory", type=parse_size, default=parse_size("512MiB"))
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--sizes-only", action="store_true", help="measure the formats' entry sizes and stop (no replay, no timing)"
+    )
     ap.add_argument("--out", default=str(RESULTS / "cache.json"))
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    run_or_report(Path(args.out), args.report_only, lambda: run(args), show)
+    run_or_report(Path(args.out), args.report_only, lambda: run(args), (lambda r: None) if args.sizes_only else show)
 
 
 if __name__ == "__main__":

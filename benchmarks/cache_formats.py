@@ -22,6 +22,7 @@ forward of the proxy over the same prompt, interleaved per question.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import statistics
@@ -72,13 +73,45 @@ def _doc_tokens(raw: dict[str, Any]) -> int:
     return sum(int(v.shape[3]) for v in raw.values() if v.dim() == 5 and v.shape[3] > 0)
 
 
+def _probe_arms(specs: list[str]) -> dict[str, tuple[str, str]]:
+    """``--probe NAME=FORMAT:PATH`` arms: entries of FORMAT read by the sentence probe at PATH."""
+    out: dict[str, tuple[str, str]] = {}
+    for spec in specs:
+        name, sep, rest = spec.partition("=")
+        fmt, sep2, path = rest.partition(":")
+        if not (sep and sep2 and name and fmt and path):
+            raise SystemExit(f"--probe {spec!r}: expected NAME=FORMAT:PATH")
+        if not Path(path).is_file():
+            raise SystemExit(f"--probe {spec!r}: no probe file at {path}")
+        out[name] = (fmt, path)
+    return out
+
+
+def merged(paths: list[str]) -> dict[str, Any]:
+    """The summary of several runs' ``--rows-out`` files (disjoint questions: ``--offset``), as one run's."""
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    first = parts[0]
+    for part in parts[1:]:
+        if (part["formats"], part["regimes"], part["ratios"]) != (first["formats"], first["regimes"], first["ratios"]):
+            raise SystemExit("--merge: the runs compare other formats, titles or ratios")
+    rows = {k: [r for part in parts for r in part["rows"].get(k, [])] for k in first["rows"]}
+    sizes = {f: [n for part in parts for n in part["sizes"][f]] for f in first["formats"]}
+    warm = {f: [w for part in parts for w in part["warm"][f]] for f in first["formats"]}
+    tokens = [t for part in parts for t in part["tokens"]]
+    bare = [b for part in parts for b in part["bare"]]
+    out = _summary(first["formats"], first["regimes"], first["ratios"], rows, sizes, tokens, warm, bare)
+    out["merged"] = paths
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from rag_opt.compressors.sentinel import SentinelCompressor
 
     formats = [f for f in args.formats.split(",") if f]
-    for f in formats:
+    probed = _probe_arms(args.probe)  # arm name → (its format, its sentence probe)
+    for f in [*formats, *(fmt for fmt, _ in probed.values())]:
         if f not in FORMATS:
             raise SystemExit(f"unknown format {f!r}: use {', '.join(FORMATS)}")
     ratios = [float(Fraction(r)) for r in args.ratios.split(",")]
@@ -88,6 +121,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sentinel = SentinelCompressor.from_model(None, encoding="parallel")
     spy = ContextSpy(sentinel)
     opt = ContextOptimizer(scorer=spy)
+    # every arm: its format, the compressor that reads it and its pipeline (a --probe arm: another sentence probe)
+    arms: dict[str, tuple[str, Any, ContextOptimizer]] = {f: (f, sentinel, opt) for f in formats}
+    for name, (fmt, path) in probed.items():
+        other = SentinelCompressor(sentinel.proxy, path, encoding="parallel")
+        arms[name] = (fmt, other, ContextOptimizer(scorer=other))
+    plain, formats = formats, list(arms)
     rows: dict[str, list[dict[str, Any]]] = {}  # "fmt|titles|ratio" → per-question metrics
     sizes: dict[str, list[int]] = {f: [] for f in formats}
     tokens: list[int] = []
@@ -102,15 +141,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             opt.optimize(ex.question, docs, ratio=ratios[0])  # encodes every block once, in bf16
             if titles == regimes[0]:
                 tokens.append(_doc_tokens(rec.raw))
-            for fmt in formats:
-                cache, size = _filled(fmt, rec.raw)
-                sentinel.cache = cache
+            for fmt, (stored, reader, pipeline) in arms.items():
+                cache, size = _filled(stored, rec.raw)
+                reader.cache = cache
                 # every format's first question starts alike: nothing of these documents read yet but their entries
                 CROSS_READS.clear()
                 sentinel.proxy.question_buffers.clear()
                 for r in ratios:
                     t0 = time.perf_counter()
-                    res = opt.optimize(ex.question, docs, ratio=r)
+                    res = pipeline.optimize(ex.question, docs, ratio=r)
                     ms = (time.perf_counter() - t0) * 1e3
                     if titles == regimes[0] and r == ratios[0]:
                         warm[fmt].append(ms)
@@ -118,15 +157,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     row = hotpot_metrics(ex, res, shifts)
                     row["kept"] = res.context()  # to count the questions whose kept text differs from bf16's
                     rows.setdefault(f"{fmt}|{titles}|{r:.3f}", []).append(row)
+            sentinel.cache = rec
             if titles == regimes[0] and spy.last is not None:
                 bare.append(bare_forward_ms(sentinel.proxy, spy.last[1], spy.last[0]))
         if log is not None and (qi + 1) % 25 == 0:
             log.write_text(json.dumps(_summary(formats, regimes, ratios, rows, sizes, tokens, warm, bare), indent=1))
     out = _summary(formats, regimes, ratios, rows, sizes, tokens, warm, bare)
+    if args.rows_out:  # every question's figures, for --merge (the kept text as its digest)
+        per = {k: [{**r, "kept": hashlib.sha256(r["kept"].encode()).hexdigest()} for r in v] for k, v in rows.items()}
+        raw = {"formats": formats, "regimes": regimes, "ratios": ratios, "rows": per, "sizes": sizes}
+        raw.update({"tokens": tokens, "warm": warm, "bare": bare})
+        Path(args.rows_out).write_text(json.dumps(raw))
     if args.records:
-        out["records"] = run_records(args, sentinel, opt, formats)
+        out["records"] = run_records(args, sentinel, opt, plain)
     if args.nq:
-        out["nq"] = run_nq(args, sentinel, opt, formats)
+        out["nq"] = run_nq(args, sentinel, opt, plain)
     return out
 
 
@@ -315,6 +360,16 @@ def main() -> None:
     ap.add_argument("--hotpot", type=int, default=600, help="HotpotQA dev questions")
     ap.add_argument("--offset", type=int, default=0)
     ap.add_argument("--formats", default=",".join(FORMATS), help="cache formats to compare (bf16 first)")
+    ap.add_argument(
+        "--probe",
+        action="append",
+        default=[],
+        metavar="NAME=FORMAT:PATH",
+        help="also an arm NAME: FORMAT's entries read by another sentence probe (benchmarks/ablations/"
+        "probe_on_format.py trains one on a format's states)",
+    )
+    ap.add_argument("--rows-out", default=None, help="also write every question's figures here (for --merge)")
+    ap.add_argument("--merge", default=None, help="comma-separated --rows-out files: their summary, as one run's")
     ap.add_argument("--ratios", default="1/3,1/5")
     ap.add_argument("--titles", default="field,none")
     ap.add_argument("--nq", type=int, default=0, help="also the NQ multi-document setting, N questions")
@@ -332,7 +387,8 @@ def main() -> None:
         return
     from common import run_or_report
 
-    run_or_report(Path(args.out), args.report_only, lambda: run(args), lambda r: (show(r), _show_extra(r)))
+    job = (lambda: merged(args.merge.split(","))) if args.merge else (lambda: run(args))
+    run_or_report(Path(args.out), args.report_only, job, lambda r: (show(r), _show_extra(r)))
 
 
 if __name__ == "__main__":

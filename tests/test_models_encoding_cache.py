@@ -184,7 +184,7 @@ def test_every_format_round_trips_within_its_precision(fmt):
     entry = encode_states(kv, fmt)
     out = entry.decode(torch.float32)
     assert out.shape == kv.shape and entry.tokens == 37
-    bound = {16: 0.0, 8: 0.01, 4: 0.15, 2: 0.6}
+    bound = {16: 0.0, 8: 0.01, 6: 0.04, 5: 0.08, 4: 0.15, 2: 0.6}
     ref = kv.float()
     kerr = float((out[0] - ref[0]).norm() / ref[0].norm())
     verr = float((out[1, :-1] - ref[1, :-1]).norm() / ref[1, :-1].norm())
@@ -331,6 +331,52 @@ def test_resolve_cache_options(tmp_path):
         EncodingCache(-1)
     with pytest.raises(InvalidInputError, match="cache must be"):
         resolve_cache(1.5)  # type: ignore[arg-type]
+
+
+def test_wide_key_layers_keep_8_bit_keys_and_the_rest_their_format_bits():
+    from rag_opt.models.kv_codec import KVFormat
+
+    g = torch.Generator().manual_seed(5)
+    kv = (torch.randn(2, 6, 3, 41, 64, generator=g) * torch.linspace(0.1, 8, 64)).to(torch.bfloat16)
+    ref = kv.float()
+    mixed = KVFormat("mixed", 4, 2, 8, wide_key_layers=(1, 4, 9))  # layer 9: past the entry's 6, ignored
+    entry = encode_states(kv, mixed)
+    out = entry.decode(torch.float32)
+
+    def err(layer: int) -> float:
+        return float((out[0, layer] - ref[0, layer]).norm() / ref[0, layer].norm())
+
+    assert max(err(1), err(4)) < 0.01 < min(err(i) for i in (0, 2, 3, 5))  # 8-bit keys where asked, 4-bit elsewhere
+    assert torch.equal(out[0, 1], encode_states(kv, "k8v2").decode(torch.float32)[0, 1])
+    assert torch.equal(out[0, 2], encode_states(kv, "k4v2").decode(torch.float32)[0, 2])
+    assert encode_states(kv, "k4v2").nbytes < entry.nbytes < encode_states(kv, "k8v2").nbytes
+    for depth in (1, 2, 3, 5):  # any prefix of the layers decodes the same as the whole entry's
+        assert torch.equal(entry.decode_keys(depth, torch.float32), out[0, :depth])
+    buf = torch.full((2, 6, 2, 3, 50, 64), 7.0)
+    entry.decode_into(buf[:, :5, 1, :, 4:45], 5)  # a strided slice of a question buffer
+    assert torch.equal(buf[:, :5, 1, :, 4:45], entry.decode(torch.float32, depth=5))
+    assert torch.all(buf[:, :, 0] == 7.0) and torch.all(buf[:, 5] == 7.0)
+
+
+def test_rotated_values_and_five_bit_keys_decode_within_their_precision():
+    from rag_opt.models.kv_codec import KVFormat
+
+    g = torch.Generator().manual_seed(6)
+    kv = torch.randn(2, 4, 3, 40, 64, generator=g)
+    kv[1, :, :, :, 5] *= 20  # an outlier channel in the values: rotation spreads it over the head
+    kv = kv.to(torch.bfloat16)
+    ref = kv.float()
+
+    def verr(fmt: KVFormat) -> float:
+        out = encode_states(kv, fmt).decode(torch.float32)
+        return float((out[1, :-1] - ref[1, :-1]).norm() / ref[1, :-1].norm())
+
+    assert verr(KVFormat("r", 8, 4, 8, value_rotated=True)) < 0.8 * verr(KVFormat("p", 8, 4, 8))
+    five = encode_states(kv, KVFormat("k5", 5, 16, 8))
+    kerr = float((five.decode(torch.float32)[0] - ref[0]).norm() / ref[0].norm())
+    four = encode_states(kv, KVFormat("k4", 4, 16, 8))
+    assert kerr < 0.6 * float((four.decode(torch.float32)[0] - ref[0]).norm() / ref[0].norm())
+    assert five.tensors["k"].shape[-1] == 40  # 64 five-bit codes in 40 bytes
 
 
 def test_rotated_keys_decode_through_an_orthonormal_rotation():

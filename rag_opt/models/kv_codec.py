@@ -25,7 +25,14 @@ format       keys  values  source queries   bytes per document token, everything
 ``k4g64v2``  4     2       8                about 3,015 (keys' scales per 64 tokens)
 ``k4g32v2``  4     2       8                3,211 (keys' scales per 32 tokens, KIVI's grouping)
 ``k4hv2``    4     2       8                2,969 (keys rotated, then one scale per token: QuaRot's)
+``k4hw3v2``  4/8   2       8                3,243 (as ``k4hv2``, but layers 7, 14 and 15 keep 8-bit keys)
+``k4w6v2q4`` 4/8   2       4                3,286 (as ``k4v2``, but layers 5, 7, 8, 9, 14 and 15 keep 8-bit keys)
 ===========  ====  ======  ===============  ==========================================================
+
+The names read: ``k`` and the keys' bits, ``g`` and the tokens that share a key scale, ``h`` rotated keys, ``w``
+and the layers whose keys stay at 8 bits (the layers whose keys move the sentence scores most,
+``benchmarks/ablations/key_bits_by_layer.py``: those of the embedded model), ``v`` and the values' bits, ``q`` and
+the source queries' bits when not 8.
 
 Scales and zero points are float16. Quantized codes are packed (two 4-bit or four 2-bit codes a byte, along the
 head dimension); the primitives are :mod:`rag_opt.models.kv_quant`. A format is part of the cache's store key:
@@ -91,6 +98,11 @@ class KVFormat:
     #: rotated back when decoded (QuaRot, arXiv 2404.00456): the few channels that carry large magnitudes are spread
     #: over all, so every code level serves the whole head; each token's rotated key gets one scale and zero point
     key_rotated: bool = False
+    #: layers whose keys are kept at 8 bits per channel whatever ``key_bits`` (the layers whose keys move the
+    #: sentence scores most, ``benchmarks/ablations/key_bits_by_layer.py``); the others' keys take ``key_bits``
+    wide_key_layers: tuple[int, ...] = ()
+    #: values rotated by the same Hadamard matrix before they are quantized (per token), rotated back when decoded
+    value_rotated: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -109,6 +121,8 @@ FORMATS: dict[str, KVFormat] = {
         KVFormat("k4g64v2", 4, 2, 8, key_group=64),
         KVFormat("k4g32v2", 4, 2, 8, key_group=32),
         KVFormat("k4hv2", 4, 2, 8, key_rotated=True),
+        KVFormat("k4w6v2q4", 4, 2, 4, wide_key_layers=(5, 7, 8, 9, 14, 15)),
+        KVFormat("k4hw3v2", 4, 2, 8, key_rotated=True, wide_key_layers=(7, 14, 15)),
     )
 }
 DEFAULT_FORMAT = "k8v2"
@@ -188,7 +202,11 @@ class EncodedStates:
         f = self.format
         _dequant_keys(self.tensors, f, self.shape, depth, out[0], self.dtype)
         stored = min(depth, self.shape[1] - 1)  # the last layer's values are not stored (see encode_states)
-        dequant_values(self.tensors, f.value_bits, self.shape, stored, out[1, :stored], self.dtype)
+        if f.value_rotated:
+            values = dequantized(self.tensors, "v", f.value_bits, self.shape[4], stored) @ hadamard(self.shape[4])
+            rounded_into(out[1, :stored], values, self.dtype)
+        else:
+            dequant_values(self.tensors, f.value_bits, self.shape, stored, out[1, :stored], self.dtype)
         out[1, stored:depth].zero_()
 
     # -- serialization -----------------------------------------------------------------------------------------
@@ -267,15 +285,20 @@ def encode_states(states: torch.Tensor, fmt: KVFormat | str | None = None) -> En
             return EncodedStates(f, kind, shape, dtype, {"states": states.contiguous()})
         x = states.float()
         tensors: dict[str, torch.Tensor] = {}
+        narrow, wide = _key_layers(f, shape[1], shape[1])
+        keys = x[0, narrow] if wide else x[0]
         if f.key_rotated:  # keys: rotated, then per token over the rotated channels
-            quant(x[0] @ hadamard(shape[4]), f.key_bits, dim=3, prefix="k", out=tensors)
+            quant(keys @ hadamard(shape[4]), f.key_bits, dim=3, prefix="k", out=tensors)
         elif f.key_group:  # keys: per channel, over each group of tokens
-            quant_grouped(x[0], f.key_bits, f.key_group, prefix="k", out=tensors)
+            quant_grouped(keys, f.key_bits, f.key_group, prefix="k", out=tensors)
         else:  # keys: per channel, over the block's tokens
-            quant(x[0], f.key_bits, dim=2, prefix="k", out=tensors)
+            quant(keys, f.key_bits, dim=2, prefix="k", out=tensors)
+        if wide:  # the wide layers' keys: 8 bits per channel, over the block's tokens
+            quant(x[0, wide], 8, dim=2, prefix="kw", out=tensors)
         # values: per token, over the channels; the last layer's are not stored: a question pass reads an entry's
         # last layer for its attention rows only (keys), and its output there is never used
-        quant(x[1, :-1], f.value_bits, dim=3, prefix="v", out=tensors)
+        values = x[1, :-1] @ hadamard(shape[4]) if f.value_rotated else x[1, :-1]
+        quant(values, f.value_bits, dim=3, prefix="v", out=tensors)
         return EncodedStates(f, kind, shape, dtype, tensors)
     if f.query_bits == 16:
         return EncodedStates(f, kind, shape, dtype, {"states": states.contiguous()})
@@ -284,7 +307,38 @@ def encode_states(states: torch.Tensor, fmt: KVFormat | str | None = None) -> En
     return EncodedStates(f, kind, shape, dtype, tensors)
 
 
+def _key_layers(fmt: KVFormat, layers: int, depth: int) -> tuple[list[int], list[int]]:
+    """The first ``depth`` of an entry's ``layers`` layers split into those whose keys take ``key_bits`` and the
+    format's wide ones (8 bits), each in order (stored in that order, so the first ``depth`` are a prefix of each)."""
+    wide = [i for i in range(min(depth, layers)) if i in fmt.wide_key_layers]
+    narrow = [i for i in range(min(depth, layers)) if i not in fmt.wide_key_layers]
+    return narrow, wide
+
+
 def _dequant_keys(
+    tensors: Mapping[str, torch.Tensor],
+    fmt: KVFormat,
+    shape: tuple[int, ...],
+    depth: int,
+    out: torch.Tensor,
+    dtype: torch.dtype,
+) -> None:
+    narrow, wide = _key_layers(fmt, shape[1], depth)
+    if wide:
+        import torch
+
+        part = torch.empty((len(narrow), *out.shape[1:]), dtype=torch.float32)
+        _dequant_narrow_keys(tensors, fmt, shape, len(narrow), part, dtype)
+        for j, layer in enumerate(narrow):
+            out[layer].copy_(part[j])
+        rounded = dequantized(tensors, "kw", 8, shape[4], len(wide)).to(dtype)
+        for j, layer in enumerate(wide):
+            out[layer].copy_(rounded[j])
+        return
+    _dequant_narrow_keys(tensors, fmt, shape, depth, out, dtype)
+
+
+def _dequant_narrow_keys(
     tensors: Mapping[str, torch.Tensor],
     fmt: KVFormat,
     shape: tuple[int, ...],

@@ -178,10 +178,20 @@ def dequant_rows(
     return x.mul_(scale.float())
 
 
+#: bit widths stored as two planes (low bits, high bits), each packed as above, side by side along the last axis
+_PLANES = {3: (2, 1), 5: (4, 1), 6: (4, 2)}
+
+
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """``codes`` (uint8, each < 2**bits) packed along the last axis: 8 // bits codes a byte."""
+    """``codes`` (uint8, each < 2**bits) packed along the last axis: 8 // bits codes a byte (1, 2, 4 or 8 bits);
+    3, 5 and 6 bits as two planes of those side by side (5 bits: a 4-bit plane, then a 1-bit plane)."""
     if bits == 8:
         return codes.contiguous()
+    if bits in _PLANES:
+        import torch
+
+        low, high = _PLANES[bits]
+        return torch.cat([pack(codes & ((1 << low) - 1), low), pack(codes >> low, high)], dim=-1)
     per = 8 // bits
     if codes.shape[-1] % per:
         raise ValueError(f"the last dimension ({codes.shape[-1]}) must be a multiple of {per} to pack {bits}-bit codes")
@@ -197,6 +207,10 @@ def unpack(packed: torch.Tensor, bits: int, d: int) -> torch.Tensor:
 
     if bits == 8:
         return packed
+    if bits in _PLANES:
+        low, high = _PLANES[bits]
+        n = d * low // 8
+        return unpack(packed[..., :n], low, d) | (unpack(packed[..., n:], high, d) << low)
     per = 8 // bits
     mask = (1 << bits) - 1
     out = torch.empty((*packed.shape, per), dtype=torch.uint8)
