@@ -156,7 +156,8 @@ class ProxySettings(_OptimizerSettings):
     encoding_cache_format: str = Field(
         default=DEFAULT_FORMAT,
         description="how cached keys and values are stored (docs/operations.md gives each format's bytes per token "
-        "and quality): bf16 (the model's dtype, unchanged), int8, or kNvM (keys in N bits, values in M)",
+        "and quality): bf16 (the model's dtype, unchanged), int8, or kNvM (keys in N bits, values in M; g, h, w, q: "
+        "rag_opt.models.kv_codec)",
         json_schema_extra={"flag": "--cache-format", "choices": list(FORMATS)},
     )
     cache_namespace: str = Field(
