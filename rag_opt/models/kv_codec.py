@@ -24,7 +24,7 @@ format       keys  values  source queries   bytes per document token, everything
 ``k4v2``     4     2       8                about 2,870
 ``k4g64v2``  4     2       8                about 3,015 (keys' scales per 64 tokens)
 ``k4g32v2``  4     2       8                3,213 (keys' scales per 32 tokens, KIVI's grouping): within 0.005 of bf16
-                                            on 600 questions, not yet the default (docs/operations.md)
+                                            on 600 questions, not on the next 300 (docs/operations.md)
 ``k4hv2``    4     2       8                2,969 (keys rotated, then one scale per token: QuaRot's)
 ``k4hw3v2``  4/8   2       8                3,243 (as ``k4hv2``, but layers 7, 14 and 15 keep 8-bit keys)
 ``k4w6v2q4`` 4/8   2       4                3,286 (as ``k4v2``, but layers 5, 7, 8, 9, 14 and 15 keep 8-bit keys)
