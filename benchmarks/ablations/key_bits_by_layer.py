@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cache_formats import RecordingCache  # noqa: E402
 from common import data_dir  # noqa: E402
 from compression import ContextSpy, hotpot_documents  # noqa: E402
 
@@ -117,15 +118,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from rag_opt.models.parallel_features import CROSS_READS
     from rag_opt.pipeline import ContextOptimizer
     from rag_opt.training.datasets import read_hotpotqa
-
-    class RecordingCache(EncodingCache):
-        def __init__(self) -> None:
-            super().__init__(BIG, format="bf16")
-            self.raw: dict[str, Any] = {}
-
-        def put(self, key: str, value: Any) -> Any:
-            self.raw[key] = value
-            return super().put(key, value)
 
     hotpot = read_hotpotqa(data_dir() / "hotpotqa" / "dev.jsonl.gz", seed=0, limit=args.offset + args.hotpot)
     hotpot = hotpot[args.offset :]
