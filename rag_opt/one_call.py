@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-from rag_opt.options import check_option_names
+from rag_opt.option_args import check_option_names
 from rag_opt.pipeline import ContextOptimizer
 from rag_opt.types import DEFAULT_ORDERING, Budget, DocumentLike, OptimizeResult, OrderingName
 

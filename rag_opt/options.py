@@ -4,12 +4,13 @@ Each option is one field of :class:`OptimizerOptions`: its type, its default, a 
 its documentation (the docstring under it). Every surface derives from that declaration:
 
 - :class:`~rag_opt.ContextOptimizer` takes an :class:`OptimizerOptions` and any option by name over it
-  (:func:`resolve_options`), its signature typed from the fields (:func:`options_signature`);
+  (:func:`~rag_opt.option_args.resolve_options`), its signature typed from the fields
+  (:func:`~rag_opt.option_args.options_signature`);
 - the command line's flags (:mod:`rag_opt.cli.option_flags`) and ``rag-opt serve``'s settings, flags and
   ``RAG_OPT_*`` variables (:mod:`rag_opt.server.option_settings`) are generated from the fields and their
   :class:`TextForm`;
 - :func:`rag_opt.optimize`, the adapters (LangChain, LlamaIndex, Haystack, LiteLLM), the gateway and batch take
-  exactly these names, an unknown one refused naming the closest (:func:`check_option_names`).
+  exactly these names, an unknown one refused naming the closest (:func:`~rag_opt.option_args.check_option_names`).
 
 Adding an option is one field here and its docstring; ``tests/test_options.py`` adds one to this file alone and
 finds it on every surface, and ``tests/test_architecture.py`` checks that no other module lists the options by hand.
@@ -18,15 +19,28 @@ finds it on every surface, and ``tests/test_architecture.py`` checks that no oth
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import inspect
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, get_args
+from typing import TYPE_CHECKING, Any, Literal
 
-from rag_opt.errors import InvalidInputError, InvalidInputTypeError
-from rag_opt.inputs import check_budget, check_share, check_tier
+from rag_opt.inputs import check_budget, check_tier
 from rag_opt.models.prompt import DEFAULT_ENCODING, ENCODINGS
+from rag_opt.option_checks import (
+    OVER_LIMIT,
+    OverLimit,
+    check_drop_below_best,
+    check_encoding,
+    check_limits,
+    check_over_limit,
+    check_reader,
+    check_target,
+    check_threads,
+    check_title_from_text,
+    check_window,
+    key_list,
+    none_or,
+    thread_count,
+)
 from rag_opt.text.language import check_language
 from rag_opt.text.titles import DEFAULT_TITLE_KEYS, check_title_keys
 from rag_opt.types import DEFAULT_ORDERING, DEFAULT_RATIO, ORDERING_NAMES, TIERS, Budget, check_ordering
@@ -46,21 +60,12 @@ __all__ = [
     "OptionSpec",
     "OverLimit",
     "TextForm",
-    "TextOption",
-    "check_option_names",
-    "closest_hint",
     "option",
     "option_names",
     "option_spec",
     "options_in_group",
-    "options_signature",
-    "resolve_options",
-    "text_options",
 ]
 
-#: what an optimizer does with a context past its work limits: raise WorkLimitExceeded, or answer by the lexical tier
-OverLimit = Literal["raise", "lexical"]
-OVER_LIMIT: tuple[str, ...] = get_args(OverLimit)
 DTYPES = ("float32", "bfloat16", "float16", "int8")
 #: the budget's three spellings, as :class:`~rag_opt.types.Budget` has them (at most one is given)
 BUDGET_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Budget))
@@ -118,79 +123,6 @@ def option(
     return field(default=default, metadata={_KEY: OptionSpec(help, check, text, group)})
 
 
-# -- checks (each returns the value, normalized, or raises what ContextOptimizer has always raised) ---------------
-def _window(value: int) -> int:
-    if value < 128:
-        raise InvalidInputError("max_window_tokens must be at least 128")
-    return value
-
-
-def _target(value: str | None) -> str | None:
-    if value is not None:
-        from rag_opt.text.tokens import target_key
-
-        target_key(value)  # refuses an unknown target now (loads nothing)
-    return value
-
-
-def _drop_below_best(value: float | None) -> float | None:
-    return check_share("drop_below_best", value)
-
-
-def _title_from_text(value: bool) -> bool:
-    if not isinstance(value, bool):
-        raise InvalidInputTypeError(f"title_from_text must be true or false, got {type(value).__name__}")
-    return value
-
-
-def _reader(value: str | None) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise InvalidInputError("reader must be a non-empty model name")
-    return value
-
-
-def _limits(value: WorkLimits | None) -> WorkLimits | None:
-    if value is not None and not isinstance(value, WorkLimits):
-        raise InvalidInputTypeError(f"limits must be a rag_opt.WorkLimits or None, got {type(value).__name__}")
-    return value
-
-
-def _over_limit(value: str) -> str:
-    if value not in OVER_LIMIT:
-        raise InvalidInputError(f"over_limit must be 'raise' or 'lexical', got {value!r}")
-    return value
-
-
-def _threads(value: Any) -> Any:
-    from rag_opt.models.threads import ThreadPolicy
-
-    if not isinstance(value, ThreadPolicy):
-        ThreadPolicy(value)  # refuses what no policy takes
-    return value
-
-
-def _encoding(value: str) -> str:
-    if value not in ENCODINGS:
-        raise InvalidInputError(f"encoding must be one of {', '.join(ENCODINGS)}, got {value!r}")
-    return value
-
-
-# -- reading text ----------------------------------------------------------------------------------------------
-def _none_or(value: Any) -> Any:
-    """``'none'`` as None (a probe: raw attention)."""
-    return None if value == "none" else value
-
-
-def _key_list(value: Any) -> Any:
-    """``'title,name'`` as ``('title', 'name')`` (``''``: none)."""
-    return tuple(k.strip() for k in value.split(",") if k.strip()) if isinstance(value, str) else value
-
-
-def _thread_count(value: Any) -> Any:
-    """``'4'`` as 4 (``auto`` and ``adaptive`` stay words)."""
-    return int(value) if isinstance(value, str) and value.strip().isdigit() else value
-
-
 @dataclass(frozen=True, kw_only=True)
 class OptimizerOptions:
     """Every option of a :class:`~rag_opt.ContextOptimizer`, with its default: one declaration that the library,
@@ -217,7 +149,7 @@ class OptimizerOptions:
     target: str | None = option(
         None,
         "tokenizer of the target LLM, budgets are in its tokens: OpenAI model or tiktoken encoding name, or hf:<id>",
-        check=_target,
+        check=check_target,
     )
     """The target LLM whose tokens budgets are measured in (tiktoken model/encoding name, or ``hf:<tokenizer>``);
     default ``o200k_base``. An unknown name is an error (never a silent fallback)."""
@@ -273,7 +205,7 @@ class OptimizerOptions:
     probe: str | None = option(
         "auto",
         "the sentence probe: 'auto' (shipped for the model), a probe JSON path, or 'none' (raw attention)",
-        text=TextForm(str, parse=_none_or, metavar="PROBE"),
+        text=TextForm(str, parse=none_or, metavar="PROBE"),
     )
     """``"auto"`` (the probe shipped for the model), a path to a probe JSON, or None (raw attention)."""
 
@@ -300,7 +232,7 @@ class OptimizerOptions:
         None,
         "under a budget, drop the documents whose relevance is below this share of the best one's (0.05 suits "
         "single-answer questions; off by default: it drops the bridge documents of multi-hop ones)",
-        check=_drop_below_best,
+        check=check_drop_below_best,
         text=TextForm(float, metavar="SHARE"),
     )
     """With a budget, drop the documents whose relevance is below this share of the best document's, in (0, 1] (a
@@ -325,7 +257,7 @@ class OptimizerOptions:
     max_window_tokens: int = option(
         8192,
         "proxy tokens per forward pass; longer contexts are read in windows",
-        check=_window,
+        check=check_window,
         text=TextForm(int, metavar="TOKENS"),
     )
     """Proxy tokens per forward pass (at least 128); longer contexts are processed in windows (and their document
@@ -352,7 +284,7 @@ class OptimizerOptions:
         "auto",
         "the document relevance probe: 'auto' (shipped for the model), a probe JSON path, or 'none' (a document's "
         "relevance is its best sentence's)",
-        text=TextForm(str, parse=_none_or, metavar="PROBE"),
+        text=TextForm(str, parse=none_or, metavar="PROBE"),
     )
     """The document relevance probe: ``"auto"`` (shipped for the model), a path, or None (document relevance = its
     best sentence's score)."""
@@ -375,9 +307,9 @@ class OptimizerOptions:
         "auto",
         "CPU threads per forward pass: 'auto' (the cores free when the model loads), 'adaptive' (the cores free "
         "before each pass) or a number",
-        check=_threads,
+        check=check_threads,
         # the server's --threads has its own default (adaptive) and shares the cores among its workers
-        text=TextForm(str, parse=_thread_count, server=False),
+        text=TextForm(str, parse=thread_count, server=False),
     )
     """CPU threads per forward pass: ``"auto"`` (the cores free right now, see
     :class:`~rag_opt.models.threads.ThreadPolicy`), a number, or a policy. Applies to the loaded model,
@@ -387,7 +319,7 @@ class OptimizerOptions:
         DEFAULT_ENCODING,
         "how the proxy model reads the context: parallel (each document on its own, its encoding cached by content) "
         "or joint (one pass over the whole context)",
-        check=_encoding,
+        check=check_encoding,
         text=TextForm(str, choices=ENCODINGS),
     )
     """How the proxy reads the context: ``"parallel"`` (each document on its own, its encoding cached by content,
@@ -411,7 +343,7 @@ class OptimizerOptions:
         "comma-separated metadata keys a document's title is read from when it has no title field, in order (a "
         "file-name key such as source gives the file's stem; '' reads none)",
         check=check_title_keys,
-        text=TextForm(str, parse=_key_list, metavar="KEYS", shown=",".join(DEFAULT_TITLE_KEYS)),
+        text=TextForm(str, parse=key_list, metavar="KEYS", shown=",".join(DEFAULT_TITLE_KEYS)),
         group="titles",
     )
     """The metadata keys a document's title is read from when it has no ``title`` field, in order (default
@@ -421,7 +353,7 @@ class OptimizerOptions:
     title_from_text: bool = option(
         True,
         "read a leading heading line of a document's text as its title when it has no other",
-        check=_title_from_text,
+        check=check_title_from_text,
         group="titles",
     )
     """Without a title field or metadata title, read a leading heading line of the text (a Markdown heading, or a
@@ -432,14 +364,14 @@ class OptimizerOptions:
         None,
         "the model that reads the optimized context: its reader profile (rag-opt calibrate --reader) places the "
         "documents under --ordering calibrated (default: the target)",
-        check=_reader,
+        check=check_reader,
     )
     """The model that reads the optimized context, whose reader profile (``rag-opt calibrate --reader``) places
     the documents under ``ordering="calibrated"`` (default: the request's ``target``). Without a profile for it,
     the proxy's profile places them. ``OptimizeResult.placement_profile`` says which."""
 
     limits: WorkLimits | None = option(
-        DEFAULT_LIMITS, "the most work one call may do (a rag_opt.WorkLimits)", check=_limits, text=None
+        DEFAULT_LIMITS, "the most work one call may do (a rag_opt.WorkLimits)", check=check_limits, text=None
     )  # an object: the server and rag-opt mcp have their own limits (--max-units, ...)
     """The most work one call may do (:class:`~rag_opt.work.WorkLimits`: units, proxy tokens, question tokens),
     checked before the model runs. Default :data:`~rag_opt.work.DEFAULT_LIMITS` (65,536 proxy tokens: about a
@@ -449,7 +381,7 @@ class OptimizerOptions:
     over_limit: OverLimit | str = option(
         "raise",
         "past the work limits: raise an error naming the limit, or answer by the lexical tier",
-        check=_over_limit,
+        check=check_over_limit,
         # the server applies its own limits and answers past them by its own rules (--lexical-tier)
         text=TextForm(str, choices=OVER_LIMIT, server=False),
     )
@@ -502,138 +434,3 @@ def option_spec(name: str) -> OptionSpec:
 def options_in_group(group: str) -> tuple[str, ...]:
     """The options of ``group`` (``budget``, ``proxy``, ``titles``), in declaration order."""
     return tuple(name for name, f in _fields().items() if _spec(f).group == group)
-
-
-@dataclass(frozen=True)
-class TextOption:
-    """An option that is written as text, as a surface generates its flag or setting from it: its ``name``, its
-    :class:`TextForm`, its one-line ``help``, its ``default`` (as the option has it) and ``text_default`` (as text
-    has it: ``title,doc_title,...`` for a tuple of keys), and the setting's name on ``rag-opt serve``."""
-
-    name: str
-    form: TextForm
-    help: str
-    default: Any
-    group: str | None
-
-    @property
-    def setting(self) -> str:
-        return self.form.setting or self.name
-
-    @property
-    def flag(self) -> str:
-        """Its flag: its own, ``--no-<name>`` for a boolean on by default, else ``--<name>``."""
-        if self.form.flag:
-            return self.form.flag
-        dashed = self.name.replace("_", "-")
-        return f"--no-{dashed}" if self.form.kind is bool and self.default is True else f"--{dashed}"
-
-    @property
-    def text_default(self) -> Any:
-        if isinstance(self.default, (tuple, list)):
-            return ",".join(self.default)
-        return self.default
-
-    def value(self, text_value: Any) -> Any:
-        """The option's value of what a surface read (its ``parse`` applied)."""
-        return self.form.parse(text_value) if self.form.parse is not None else text_value
-
-
-def text_options(surface: Literal["cli", "server"]) -> list[TextOption]:
-    """The options written as text on ``surface`` (the command line, or ``rag-opt serve``'s settings), in
-    declaration order."""
-    out = []
-    for name, f in _fields().items():
-        form = _text_form(f)
-        if form is not None and (form.cli if surface == "cli" else form.server):
-            out.append(TextOption(name, form, _spec(f).help, f.default, _spec(f).group))
-    return out
-
-
-_TEXT_KINDS = {"bool": bool, "int": int, "float": float, "str": str}
-
-
-def _text_form(f: dataclasses.Field[Any]) -> TextForm | None:
-    """A field's :class:`TextForm`: its own, or inferred from a type of ``bool``, ``int``, ``float`` or ``str``
-    (``| None`` allowed)."""
-    text = _spec(f).text
-    if text != "infer":
-        return text
-    kinds = {part.strip() for part in str(f.type).split("|")} - {"None"}
-    if len(kinds) == 1 and (kind := next(iter(kinds))) in _TEXT_KINDS:
-        return TextForm(_TEXT_KINDS[kind])
-    raise TypeError(
-        f"OptimizerOptions.{f.name}: type {f.type} has no text form of its own; declare "
-        "option(..., text=TextForm(...)) or text=None"
-    )
-
-
-# -- names given by callers ------------------------------------------------------------------------------------
-def closest_hint(name: str, choices: Iterable[str]) -> str:
-    """``'rati' (did you mean 'ratio'?)``: ``name`` quoted, with the closest of ``choices`` when one is close."""
-    close = difflib.get_close_matches(str(name), sorted(choices), n=1)
-    return f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
-
-
-def check_option_names(names: Iterable[str], where: str) -> None:
-    """Raise :class:`~rag_opt.errors.InvalidInputError` for any of ``names`` that is no option, naming the closest
-    one (a typo such as ``rati=0.5`` would otherwise be dropped, or a bare ``TypeError``)."""
-    known = set(option_names())
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        hints = ", ".join(closest_hint(n, known) for n in unknown)
-        raise InvalidInputError(f"{where} got unknown option(s) {hints}; see rag_opt.OptimizerOptions")
-
-
-def resolve_options(
-    options: OptimizerOptions | None, overrides: Mapping[str, Any], where: str = "ContextOptimizer"
-) -> OptimizerOptions:
-    """``options`` (default: every option's default) with ``overrides`` by name. A budget among the overrides
-    replaces the budget of ``options`` (its four spellings go together). An unknown name raises
-    :class:`~rag_opt.errors.InvalidInputError` naming the closest option."""
-    if options is not None and not isinstance(options, OptimizerOptions):
-        raise InvalidInputTypeError(f"options must be a rag_opt.OptimizerOptions, got {type(options).__name__}")
-    check_option_names(overrides, where)
-    if options is None:
-        return OptimizerOptions(**overrides)
-    if not overrides:
-        return options
-    changes = dict(overrides)
-    budget = options_in_group("budget")
-    if any(k in changes for k in budget):  # a budget given replaces the options' budget
-        changes = {**{k: None for k in budget}, **changes}
-    return dataclasses.replace(options, **changes)
-
-
-# -- the typed signature of what takes the options -------------------------------------------------------------
-_P = ParamSpec("_P")
-
-if TYPE_CHECKING:  # pragma: no cover
-
-    @dataclass(frozen=True)
-    class _Arguments(OptimizerOptions):
-        """The arguments :class:`~rag_opt.ContextOptimizer` takes: an options object, then every option by name."""
-
-        options: OptimizerOptions | None = None
-
-    def _signature_of(
-        source: Callable[_P, object],
-    ) -> Callable[[Callable[..., None]], Callable[Concatenate[Any, _P], None]]: ...
-
-    options_signature = _signature_of(_Arguments)
-else:
-
-    def options_signature(init: Callable[..., None]) -> Callable[..., None]:
-        """Types ``init(self, options=None, **overrides)`` as taking ``options`` and every option by name, with its
-        type and default: for mypy (a :class:`typing.ParamSpec` copied from the fields) and at run time
-        (``inspect.signature``, ``help()``)."""
-        kind = inspect.Parameter.KEYWORD_ONLY
-        params = [
-            inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-            inspect.Parameter(
-                "options", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation="OptimizerOptions | None"
-            ),
-            *(inspect.Parameter(f.name, kind, default=f.default, annotation=f.type) for f in _fields().values()),
-        ]
-        init.__signature__ = inspect.Signature(params, return_annotation="None")  # type: ignore[attr-defined]
-        return init

@@ -22,7 +22,8 @@ from rag_opt.errors import ConfigurationError, InvalidInputError, WorkLimitExcee
 from rag_opt.inputs import check_budget, check_documents, check_query, check_tier
 from rag_opt.models.encoding_cache import EncodingCache, resolve_cache
 from rag_opt.models.threads import ThreadPolicy
-from rag_opt.options import OptimizerOptions, OverLimit, options_signature, resolve_options
+from rag_opt.option_args import options_signature, resolve_options
+from rag_opt.options import OptimizerOptions, OverLimit
 from rag_opt.orderers.base import Orderer, OrdererResources, make_orderer
 from rag_opt.orderers.reader_profiles import ReaderProfileStore, reader_key
 from rag_opt.orderers.stage import order_stage

@@ -17,7 +17,8 @@ import pytest
 
 from rag_opt import Budget, ContextOptimizer, OptimizerOptions, WorkLimits
 from rag_opt.errors import InvalidInputError, InvalidInputTypeError
-from rag_opt.options import option_names, option_spec, text_options
+from rag_opt.option_text import text_options
+from rag_opt.options import option_names, option_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -114,7 +114,7 @@ class GatewaySettings(BaseModel):
     @field_validator("optimizer")
     @classmethod
     def _optimizer_options(cls, v: dict[str, Any]) -> dict[str, Any]:
-        from rag_opt.options import check_option_names
+        from rag_opt.option_args import check_option_names
 
         check_option_names(v, "optimizer")  # an unknown name, with the closest option
         return v

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from rag_opt.options import BUDGET_FIELDS, closest_hint, option_names, options_in_group
+from rag_opt.option_args import closest_hint
+from rag_opt.options import BUDGET_FIELDS, option_names, options_in_group
 
 __all__ = ["optimizer_options", "per_call_options", "split_options"]
 

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from rag_opt.options import TextOption, text_options
+from rag_opt.option_text import TextOption, text_options
 
 __all__ = ["add_option_arguments", "option_values"]
 

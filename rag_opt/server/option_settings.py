@@ -16,7 +16,8 @@ from typing import Any
 from pydantic import BaseModel, Field, create_model, field_validator
 
 from rag_opt.errors import ConfigurationError, RagOptError
-from rag_opt.options import OptimizerOptions, TextOption, option_spec, text_options
+from rag_opt.option_text import TextOption, text_options
+from rag_opt.options import OptimizerOptions, option_spec
 
 __all__ = ["OPTION_SETTINGS", "options_settings_model", "settings_options"]
 
