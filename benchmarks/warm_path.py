@@ -2,17 +2,24 @@
 
 Held-out HotpotQA dev questions, 10 paragraphs each: every document set is read once (cold), then each set gets
 other questions in turn, cycling through the sets so that no question finds the previous one's question buffer
-(the common case for a server: many document sets interleaved). Each warm request is profiled (cProfile) and its
-time split into stages: segmentation (the unit table), the question pass's forward (its linear layers and its
-attention over the cached keys counted apart), assembling the cached entries into the pass's buffer (decoding them),
-the cross-document reading, the probes, selection and ordering. The same requests run with every cache format
-given (``--formats``; the first is the baseline), interleaved request by request, and a bare fp32 forward of the
-proxy over the same prompt is timed between them:
+(the common case for a server: many document sets interleaved). The same requests run with every cache format
+given (``--formats``; the first is the baseline), interleaved request by request in a rotating order, and bare
+forwards of the proxy over the same prompt are timed between them: in fp32 (an fp32 copy of the proxy, the
+denominator of issue 51's warm target) on the threads a plain forward gets (every core this process may use) and
+on one thread, and in the proxy's own precision (bf16 on a CPU with native bf16):
 
     python benchmarks/warm_path.py --sets 12 --formats bf16,k8v2     # → benchmarks/results/warm_path.json
 
-Reported per format: the median warm request in ms and as a share of the bare forward (per-request ratio, median),
-and the median of each stage. The thread policy is the library's default (``--threads`` to change it).
+The timed rounds run without a profiler. Then every request runs again under cProfile (``--profile-rounds``; the
+sets still interleaved, so no buffer is reused) and its time is split into stages: segmentation (the unit table),
+the question pass's forward (its linear layers and its attention over the cached keys counted apart), assembling
+the cached entries into the pass's buffer (decoding them), the cross-document reading, the probes, selection and
+ordering.
+
+Reported per format: the median warm request in ms and as a share of each bare forward (per-request ratios,
+medians; ``warm_over_bare_fp32_median`` is the target's), and the median of each stage (profiled, so with
+cProfile's overhead). The thread policy is the library's default (``--threads`` to change it); run without
+``OMP_NUM_THREADS`` for the default settings.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import argparse
 import cProfile
 import json
 import logging
+import os
 import pstats
 import statistics
 import sys
@@ -40,7 +48,10 @@ RESULTS = Path(__file__).resolve().parent / "results"
 STAGES: dict[str, list[tuple[str, str]]] = {
     "segmentation (unit table)": [("text/units.py", "build")],
     "question pass: forward": [("models/question_pass.py", "run_question_passes")],
-    "  its linear layers": [("", "<built-in method torch._C._nn.linear>")],
+    "  its linear layers": [
+        ("", "<built-in method torch._C._nn.linear>"),
+        ("", "<built-in method torch._ops.mkldnn._linear_pointwise>"),  # prepacked (rag_opt.models.packed_linear)
+    ],
     "  its attention over the cached keys": [("models/capture.py", "_question_attention")],
     "  assembling the cached entries (decoding)": [("models/question_buffer.py", "assemble_states")],
     "cross-document reading": [("models/parallel_cross.py", "cross_reads")],
@@ -64,11 +75,13 @@ def _stage_ms(stats: pstats.Stats) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
     from tqdm.auto import tqdm
 
     from rag_opt.compressors.sentinel import SentinelCompressor
     from rag_opt.models.encoding_cache import EncodingCache
     from rag_opt.models.kv_codec import resolve_format
+    from rag_opt.models.loader import load_proxy_model
     from rag_opt.pipeline import ContextOptimizer
     from rag_opt.training.datasets import read_hotpotqa
 
@@ -90,48 +103,82 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             sentinel.cache = caches[f]
             opt.optimize(exs[4 * i].question, docs, ratio=1 / 3)
         sets.append((docs, [exs[4 * i + j].question for j in (1, 2, 3)]))
-    per: dict[str, list[dict[str, float]]] = {f: [] for f in formats}
+    fp32 = load_proxy_model(None, dtype="float32")
+    default_threads = ThreadPolicy().choose()  # what a plain forward gets: every core this process may use
+    bare_kinds = {
+        "fp32": (fp32, default_threads),
+        "fp32_one_thread": (fp32, 1),
+        "native": (sentinel.proxy, default_threads),
+    }
+    ratios: dict[str, dict[str, list[float]]] = {f: {k: [] for k in bare_kinds} for f in formats}
     totals: dict[str, list[float]] = {f: [] for f in formats}
-    ratios: dict[str, list[float]] = {f: [] for f in formats}
-    for j in tqdm(range(3), desc="warm rounds", mininterval=10):
+    per: dict[str, list[dict[str, float]]] = {f: [] for f in formats}
+    bare_ms: dict[str, list[float]] = {k: [] for k in bare_kinds}
+    for j in tqdm(range(3), desc="warm rounds (timed)", mininterval=10):
         for docs, questions in sets:
-            bare = None
+            got: dict[str, float] = {}
             for k in range(len(formats)):
                 f = formats[(k + j) % len(formats)]  # rotating order: noise hits every format alike
                 sentinel.cache = caches[f]
-                prof = cProfile.Profile()
                 t0 = time.perf_counter()
-                prof.enable()
                 opt.optimize(questions[j], docs, ratio=1 / 3)
+                totals[f].append((time.perf_counter() - t0) * 1e3)
+                if not got and spy.last is not None:
+                    for name, (model, n) in bare_kinds.items():
+                        torch.set_num_threads(n)
+                        got[name] = bare_forward_ms(model, spy.last[1], spy.last[0])
+                        bare_ms[name].append(got[name])
+            for f in formats:
+                for name in got:
+                    ratios[f][name].append(totals[f][-1] / got[name])
+    for j in tqdm(range(args.profile_rounds), desc="warm rounds (profiled)", mininterval=10):
+        for docs, questions in sets:
+            for k in range(len(formats)):
+                f = formats[(k + j) % len(formats)]
+                sentinel.cache = caches[f]
+                prof = cProfile.Profile()
+                prof.enable()
+                opt.optimize(questions[j % 3], docs, ratio=1 / 3)
                 prof.disable()
-                ms = (time.perf_counter() - t0) * 1e3
-                if bare is None and spy.last is not None:
-                    bare = bare_forward_ms(sentinel.proxy, spy.last[1], spy.last[0])
                 per[f].append(_stage_ms(pstats.Stats(prof)))
-                totals[f].append(ms)
-                if bare:
-                    ratios[f].append(ms / bare)
-    out: dict[str, Any] = {"sets": args.sets, "threads": args.threads, "formats": {}}
+    out: dict[str, Any] = {
+        "sets": args.sets,
+        "threads": args.threads,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "proxy_precision": sentinel.proxy.precision,
+        "bare_forward_threads": {k: n for k, (_, n) in bare_kinds.items()},
+        "bare_forward_ms_median": {k: statistics.median(v) for k, v in bare_ms.items() if v},
+        "formats": {},
+    }
     for f in formats:
         out["formats"][f] = {
             "warm_ms_median": statistics.median(totals[f]),
-            "warm_over_bare_forward_median": statistics.median(ratios[f]) if ratios[f] else None,
-            "stages_ms_median": {s: statistics.median(r[s] for r in per[f]) for s in STAGES},
+            **{f"warm_over_bare_{k}_median": statistics.median(v) if v else None for k, v in ratios[f].items()},
+            "stages_ms_median (profiled)": {s: statistics.median(r[s] for r in per[f]) for s in STAGES}
+            if per[f]
+            else {},
             "requests": len(totals[f]),
         }
+        if f != formats[0]:
+            pairs = zip(totals[f], totals[formats[0]], strict=True)
+            out["formats"][f]["over_baseline_median"] = statistics.median(a / b for a, b in pairs)
     return out
 
 
 def show(res: dict[str, Any]) -> None:
     for f, r in res["formats"].items():
         logger.info(
-            "%s: warm %.0f ms (%.4fx a bare fp32 forward), %d requests",
+            "%s: warm %.1f ms (%.4fx a bare fp32 forward, %.4fx one on one thread, %.4fx one in its own precision), "
+            "%d requests%s",
             f,
             r["warm_ms_median"],
-            r["warm_over_bare_forward_median"] or float("nan"),
+            r["warm_over_bare_fp32_median"] or float("nan"),
+            r["warm_over_bare_fp32_one_thread_median"] or float("nan"),
+            r["warm_over_bare_native_median"] or float("nan"),
             r["requests"],
+            f"; {r['over_baseline_median']:.3f}x the baseline" if "over_baseline_median" in r else "",
         )
-        for stage, ms in r["stages_ms_median"].items():
+        for stage, ms in r["stages_ms_median (profiled)"].items():
             logger.info("  %-45s %7.1f ms", stage, ms)
 
 
@@ -141,6 +188,7 @@ def main() -> None:
     ap.add_argument("--offset", type=int, default=1000, help="dev questions skipped first (held out of other runs)")
     ap.add_argument("--formats", default="bf16", help="cache formats, the baseline first")
     ap.add_argument("--threads", default="auto", help="the thread policy: auto, adaptive or a number")
+    ap.add_argument("--profile-rounds", type=int, default=3, help="profiled rounds after the timed ones (0: none)")
     ap.add_argument("--out", default=str(RESULTS / "warm_path.json"))
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()

@@ -20,6 +20,9 @@ are the ones the ``w`` formats keep at 8 bits (``wide_key_layers`` in ``rag_opt.
         --formats k8v2,k8hv2,k4hw3v2,k4hw3hv2,k4w6hv2q4 --out benchmarks/results/key_bits/formats_rotated_values.json
     OMP_NUM_THREADS=1 python benchmarks/ablations/key_bits_by_layer.py --hotpot 80 \
         --formats k8v2,k6v2,k5v2,k5v2q4,k4hw3v2 --out benchmarks/results/key_bits/formats_bits.json
+    OMP_NUM_THREADS=1 python benchmarks/ablations/key_bits_by_layer.py --hotpot 80 \
+        --formats k8v2,k8hv2,k5v2q4,k5vh2,k5vh2q4,k6vh2q4 \
+        --out benchmarks/results/key_bits/formats_bits_rotated_values.json
 
 A screen, not the verdict: a format's facts and answers kept are measured paired on 600 questions by
 ``benchmarks/cache_formats.py``.
@@ -96,6 +99,9 @@ def _screened() -> dict[str, Any]:
             KVFormat("k8hv2", 8, 2, 8, value_rotated=True),
             KVFormat("k4hw3hv2", 4, 2, 8, key_rotated=True, wide_key_layers=(7, 14, 15), value_rotated=True),
             KVFormat("k4w6hv2q4", 4, 2, 4, wide_key_layers=(5, 7, 8, 9, 14, 15), value_rotated=True),
+            # "vh": rotated values after unrotated keys ("k5h" would read as rotated keys)
+            KVFormat("k5vh2q4", 5, 2, 4, value_rotated=True),
+            KVFormat("k6vh2q4", 6, 2, 4, value_rotated=True),
         )
     }
 

@@ -66,10 +66,18 @@ def dequant(
 
 
 def dequantized(tensors: Mapping[str, torch.Tensor], prefix: str, bits: int, d: int, depth: int) -> torch.Tensor:
-    """:func:`quant`'s codes of the first ``depth`` layers decoded, in float32."""
-    scale = tensors[prefix + "_scale"][:depth].float()  # small: converted once, not per element
-    lo = tensors[prefix + "_min"][:depth].float()
-    return unpack(tensors[prefix][:depth], bits, d).float().mul_(scale).add_(lo)
+    """:func:`quant`'s codes of the first ``depth`` layers decoded, in float32 (codes with one scale per row, such as
+    values, in one fused pass where FBGEMM can: :mod:`rag_opt.models.kv_rowwise`, the same numbers)."""
+    from rag_opt.models.kv_rowwise import rowwise_decode
+
+    codes, scale16, lo16 = tensors[prefix][:depth], tensors[prefix + "_scale"][:depth], tensors[prefix + "_min"][:depth]
+    if scale16.shape[-1] == 1 and scale16.dim() == codes.dim():
+        fused = rowwise_decode(codes, scale16, lo16, bits, d)
+        if fused is not None:
+            return fused
+    scale = scale16.float()  # small: converted once, not per element
+    lo = lo16.float()
+    return unpack(codes, bits, d).float().mul_(scale).add_(lo)
 
 
 @functools.lru_cache(maxsize=8)

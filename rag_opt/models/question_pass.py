@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rag_opt.models import question_buffer
+from rag_opt.models import packed_linear, question_buffer
 from rag_opt.models.capture import Capture, CaptureItem, StopForward, capturing
 from rag_opt.models.parallel import ParallelPrompt, context_positions
 from rag_opt.models.threads import QUESTION_PASS_THREADS
@@ -85,6 +85,7 @@ def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: 
         past={layer: (buf[0, layer], buf[1, layer]) for layer in range(depth)},
         room_at=c_max,
     )
+    packed_linear.pack_linears(proxy, depth)  # once per model: its small products through prepacked weights
     _forward(proxy, capture, ids, positions, question_mask(lengths, questions, proxy.dtype))
     if len(capture.sums) != depth:
         raise RuntimeError(
