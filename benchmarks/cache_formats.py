@@ -88,18 +88,23 @@ def _probe_arms(specs: list[str]) -> dict[str, tuple[str, str]]:
 
 
 def merged(paths: list[str]) -> dict[str, Any]:
-    """The summary of several runs' ``--rows-out`` files (disjoint questions: ``--offset``), as one run's."""
+    """The summary of several runs' ``--rows-out`` files (disjoint questions: ``--offset``), as one run's, over the
+    formats every run compared (the first run's order; bf16 first in each)."""
     parts = [json.loads(Path(p).read_text()) for p in paths]
     first = parts[0]
+    formats = [f for f in first["formats"] if all(f in part["formats"] for part in parts)]
     for part in parts[1:]:
-        if (part["formats"], part["regimes"], part["ratios"]) != (first["formats"], first["regimes"], first["ratios"]):
-            raise SystemExit("--merge: the runs compare other formats, titles or ratios")
-    rows = {k: [r for part in parts for r in part["rows"].get(k, [])] for k in first["rows"]}
-    sizes = {f: [n for part in parts for n in part["sizes"][f]] for f in first["formats"]}
-    warm = {f: [w for part in parts for w in part["warm"][f]] for f in first["formats"]}
+        if (part["regimes"], part["ratios"]) != (first["regimes"], first["ratios"]) or part["formats"][0] != formats[0]:
+            raise SystemExit("--merge: the runs compare other titles or ratios, or another baseline")
+    if len(formats) < 2:
+        raise SystemExit("--merge: the runs share no format besides the baseline")
+    keys = [k for k in first["rows"] if k.split("|")[0] in formats]
+    rows = {k: [r for part in parts for r in part["rows"].get(k, [])] for k in keys}
+    sizes = {f: [n for part in parts for n in part["sizes"][f]] for f in formats}
+    warm = {f: [w for part in parts for w in part["warm"][f]] for f in formats}
     tokens = [t for part in parts for t in part["tokens"]]
     bare = [b for part in parts for b in part["bare"]]
-    out = _summary(first["formats"], first["regimes"], first["ratios"], rows, sizes, tokens, warm, bare)
+    out = _summary(formats, first["regimes"], first["ratios"], rows, sizes, tokens, warm, bare)
     out["merged"] = paths
     return out
 
@@ -369,7 +374,9 @@ def main() -> None:
         "probe_on_format.py trains one on a format's states)",
     )
     ap.add_argument("--rows-out", default=None, help="also write every question's figures here (for --merge)")
-    ap.add_argument("--merge", default=None, help="comma-separated --rows-out files: their summary, as one run's")
+    ap.add_argument(
+        "--merge", default=None, help="comma-separated --rows-out files: their summary, as one run's (shared formats)"
+    )
     ap.add_argument("--ratios", default="1/3,1/5")
     ap.add_argument("--titles", default="field,none")
     ap.add_argument("--nq", type=int, default=0, help="also the NQ multi-document setting, N questions")

@@ -23,6 +23,8 @@ are the ones the ``w`` formats keep at 8 bits (``wide_key_layers`` in ``rag_opt.
     OMP_NUM_THREADS=1 python benchmarks/ablations/key_bits_by_layer.py --hotpot 80 \
         --formats k8v2,k8hv2,k5v2q4,k5vh2,k5vh2q4,k6vh2q4 \
         --out benchmarks/results/key_bits/formats_bits_rotated_values.json
+    OMP_NUM_THREADS=1 python benchmarks/ablations/key_bits_by_layer.py --hotpot 80 \
+        --formats k8v2,k5vh2,k5vh2q6,k5w2vh2q4 --out benchmarks/results/key_bits/formats_k5_variants.json
 
 A screen, not the verdict: a format's facts and answers kept are measured paired on 600 questions by
 ``benchmarks/cache_formats.py``.
@@ -102,6 +104,7 @@ def _screened() -> dict[str, Any]:
             # "vh": rotated values after unrotated keys ("k5h" would read as rotated keys)
             KVFormat("k5vh2q4", 5, 2, 4, value_rotated=True),
             KVFormat("k6vh2q4", 6, 2, 4, value_rotated=True),
+            KVFormat("k5w2vh2q4", 5, 2, 4, wide_key_layers=(7, 15), value_rotated=True),
         )
     }
 

@@ -29,7 +29,8 @@ format       keys  values  source queries   bytes per document token, everything
 ``k4hw3v2``  4/8   2       8                3,243 (as ``k4hv2``, but layers 7, 14 and 15 keep 8-bit keys)
 ``k4w6v2q4`` 4/8   2       4                3,286 (as ``k4v2``, but layers 5, 7, 8, 9, 14 and 15 keep 8-bit keys)
 ``k5vh2``    5     2       8                3,257 (values rotated before their 2-bit codes): within 0.005 of bf16 on
-                                            600 questions, 0.0054 fewer facts without titles at 1/5 on 900
+                                            600 questions and on 1,466, not on the first 900 (docs/operations.md)
+``k5vh2q6``  5     2       6                3,173 (as ``k5vh2``, 6-bit source queries): within 0.005 on 566
 ===========  ====  ======  ===============  ==========================================================
 
 The names read: ``k`` and the keys' bits, ``g`` and the tokens that share a key scale, ``h`` rotated keys, ``w``
@@ -127,6 +128,7 @@ FORMATS: dict[str, KVFormat] = {
         KVFormat("k4w6v2q4", 4, 2, 4, wide_key_layers=(5, 7, 8, 9, 14, 15)),
         KVFormat("k4hw3v2", 4, 2, 8, key_rotated=True, wide_key_layers=(7, 14, 15)),
         KVFormat("k5vh2", 5, 2, 8, value_rotated=True),
+        KVFormat("k5vh2q6", 5, 2, 6, value_rotated=True),
     )
 }
 DEFAULT_FORMAT = "k8v2"

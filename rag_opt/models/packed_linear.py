@@ -67,7 +67,8 @@ def pack_linears(proxy: ProxyModel, depth: int) -> int:
     linears = [m for layer in layers[done:depth] for m in layer.modules() if isinstance(m, torch.nn.Linear)]
     try:
         packed = [_packed_weight(m.weight) for m in linears]
-        same = not linears or _same_results(linears[0], packed[0])
+        shapes = {(m.in_features, m.out_features, m.bias is not None): i for i, m in enumerate(linears)}
+        same = all(_same_results(linears[i], packed[i]) for i in shapes.values())  # one of each shape
     except RuntimeError as exc:  # an unusual build of torch or oneDNN
         logger.debug("not packing the proxy's linear layers: %s", exc)
         same = False
