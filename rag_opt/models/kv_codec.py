@@ -30,7 +30,8 @@ format       keys  values  source queries   bytes per document token, everything
 ``k4w6v2q4`` 4/8   2       4                3,286 (as ``k4v2``, but layers 5, 7, 8, 9, 14 and 15 keep 8-bit keys)
 ``k5vh2``    5     2       8                3,257 (values rotated before their 2-bit codes): within 0.005 of bf16 on
                                             600 questions and on 1,466, not on the first 900 (docs/operations.md)
-``k5vh2q6``  5     2       6                3,173 (as ``k5vh2``, 6-bit source queries): within 0.005 on 566
+``k5vh2q6``  5     2       6                3,173 (as ``k5vh2``, 6-bit source queries): within 0.005 over 1,166
+                                            questions, not on the first 600 alone (docs/operations.md)
 ===========  ====  ======  ===============  ==========================================================
 
 The names read: ``k`` and the keys' bits, ``g`` and the tokens that share a key scale, ``h`` rotated keys, ``w``

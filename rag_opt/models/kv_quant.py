@@ -10,6 +10,8 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from rag_opt.models import kv_rowwise
+
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
@@ -68,11 +70,9 @@ def dequant(
 def dequantized(tensors: Mapping[str, torch.Tensor], prefix: str, bits: int, d: int, depth: int) -> torch.Tensor:
     """:func:`quant`'s codes of the first ``depth`` layers decoded, in float32 (codes with one scale per row, such as
     values, in one fused pass where FBGEMM can: :mod:`rag_opt.models.kv_rowwise`, the same numbers)."""
-    from rag_opt.models.kv_rowwise import rowwise_decode
-
     codes, scale16, lo16 = tensors[prefix][:depth], tensors[prefix + "_scale"][:depth], tensors[prefix + "_min"][:depth]
     if scale16.shape[-1] == 1 and scale16.dim() == codes.dim():
-        fused = rowwise_decode(codes, scale16, lo16, bits, d)
+        fused = kv_rowwise.rowwise_decode(codes, scale16, lo16, bits, d)
         if fused is not None:
             return fused
     scale = scale16.float()  # small: converted once, not per element

@@ -57,7 +57,7 @@ def _decode(
     return op(torch.cat([rows, s, b], dim=1))
 
 
-@functools.cache
+@functools.lru_cache(maxsize=8)  # keyed by a bit width: a handful at most
 def rowwise_decoder(bits: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """FBGEMM's row-wise unpacking for ``bits``, where present and equal bit for bit to the tensor operations'
     decoding here (checked once), else None."""
