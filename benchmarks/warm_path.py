@@ -8,7 +8,7 @@ forwards of the proxy over the same prompt are timed between them: in fp32 (an f
 denominator of issue 51's warm target) on the threads a plain forward gets (every core this process may use) and
 on one thread, and in the proxy's own precision (bf16 on a CPU with native bf16):
 
-    python benchmarks/warm_path.py --sets 12 --formats bf16,k8v2     # → benchmarks/results/warm_path.json
+    python benchmarks/warm_path.py --sets 12 --formats bf16,k8v2,k5vh2q6   # → benchmarks/results/warm_path.json
 
 The timed rounds run without a profiler. Then every request runs again under cProfile (``--profile-rounds``; the
 sets still interleaved, so no buffer is reused) and its time is split into stages: segmentation (the unit table),

@@ -18,8 +18,8 @@ format       keys  values  source queries   bytes per document token, everything
 ``bf16``     bf16  bf16    bf16             12,945: the model's dtype, unchanged (not quantized)
 ``int8``     8     8       8                6,569
 ``k8v4``     8     4       8                5,129
-``k8v2``     8     2       8                4,409: the smallest within 0.005 of bf16 in facts and answers kept
-                                            (the default, :data:`DEFAULT_FORMAT`)
+``k8v2``     8     2       8                4,409: within 0.005 of bf16 in facts and answers kept (the default
+                                            until 2026-12-06)
 ``k4v4``     4     4       8                3,593
 ``k4v2``     4     2       8                about 2,870
 ``k4g64v2``  4     2       8                about 3,015 (keys' scales per 64 tokens)
@@ -30,8 +30,10 @@ format       keys  values  source queries   bytes per document token, everything
 ``k4w6v2q4`` 4/8   2       4                3,286 (as ``k4v2``, but layers 5, 7, 8, 9, 14 and 15 keep 8-bit keys)
 ``k5vh2``    5     2       8                3,257 (values rotated before their 2-bit codes): within 0.005 of bf16 on
                                             600 questions and on 1,466, not on the first 900 (docs/operations.md)
-``k5vh2q6``  5     2       6                3,173 (as ``k5vh2``, 6-bit source queries): within 0.005 over 1,166
-                                            questions, not on the first 600 alone (docs/operations.md)
+``k5vh2q6``  5     2       6                3,173 (as ``k5vh2``, 6-bit source queries): the smallest within 0.005
+                                            of bf16 over all 1,466 dev questions it was run on (the first 600 alone:
+                                            none 1/5 facts -0.0057; docs/operations.md); the default,
+                                            :data:`DEFAULT_FORMAT`
 ===========  ====  ======  ===============  ==========================================================
 
 The names read: ``k`` and the keys' bits, ``g`` and the tokens that share a key scale, ``h`` rotated keys, ``w``
@@ -132,7 +134,7 @@ FORMATS: dict[str, KVFormat] = {
         KVFormat("k5vh2q6", 5, 2, 6, value_rotated=True),
     )
 }
-DEFAULT_FORMAT = "k8v2"
+DEFAULT_FORMAT = "k5vh2q6"
 
 
 def resolve_format(spec: str | KVFormat | None) -> KVFormat:

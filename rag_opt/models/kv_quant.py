@@ -77,7 +77,7 @@ def dequantized(tensors: Mapping[str, torch.Tensor], prefix: str, bits: int, d: 
             return fused
     scale = scale16.float()  # small: converted once, not per element
     lo = lo16.float()
-    return unpack(codes, bits, d).float().mul_(scale).add_(lo)
+    return unpack(codes, bits, d).float().mul_(scale).add_(lo)  # (a mixed uint8 x float32 product is slower)
 
 
 @functools.lru_cache(maxsize=8)
@@ -218,7 +218,13 @@ def unpack(packed: torch.Tensor, bits: int, d: int) -> torch.Tensor:
     if bits in _PLANES:
         low, high = _PLANES[bits]
         n = d * low // 8
-        return unpack(packed[..., :n], low, d) | (unpack(packed[..., n:], high, d) << low)
+        out = unpack(packed[..., :n], low, d)
+        return out.bitwise_or_(unpack(packed[..., n:], high, d).bitwise_left_shift_(low))
+    if bits == 1:  # numpy's unpackbits, least significant bit first (pack's order): one pass, not eight
+        import numpy as np
+
+        bits_out = np.unpackbits(packed.numpy(), axis=-1, bitorder="little")
+        return torch.from_numpy(bits_out).view(*packed.shape[:-1], d)
     per = 8 // bits
     mask = (1 << bits) - 1
     out = torch.empty((*packed.shape, per), dtype=torch.uint8)

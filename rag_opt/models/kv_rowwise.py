@@ -3,12 +3,12 @@
 A cache entry's values (and rotated keys) are quantized per row: each token's vector of one layer and head shares a
 float16 scale and minimum (:func:`rag_opt.models.kv_quant.quant` along the last axis). Decoding them with tensor
 operations takes one pass over the row per step (unpack the bits, convert, scale, shift): four to seven passes,
-most of a warm request's decoding with the default ``k8v2`` entries. FBGEMM, which PyTorch's x86 builds include,
-decodes exactly this layout in one pass: the row-wise 8-, 4- and 2-bit formats of its quantized embedding tables
-(each row's codes, then its scale and bias; codes packed low bits first, as rag-opt packs them). It computes
-``code × scale + minimum`` in float32 as the tensor operations do, so the result is the same bit for bit; that is
-checked once per bit width and process (:func:`rowwise_decoder`), and a build without FBGEMM, or one whose results
-differ, decodes with the tensor operations.
+most of a warm request's decoding with ``k8v2`` entries (the default until 2026-12-06). FBGEMM, which PyTorch's x86
+builds include, decodes exactly this layout in one pass: the row-wise 8-, 4- and 2-bit formats of its quantized
+embedding tables (each row's codes, then its scale and bias; codes packed low bits first, as rag-opt packs them). It
+computes ``code × scale + minimum`` in float32 as the tensor operations do, so the result is the same bit for bit;
+that is checked once per bit width and process (:func:`rowwise_decoder`), and a build without FBGEMM, or one whose
+results differ, decodes with the tensor operations.
 
 Measured on the CI machine (one thread, a 160-token entry's 15 layers of 2-bit values): 764 → 405 µs with the
 rounding to bf16 and the copy into the question buffer included (``benchmarks/warm_path.py`` has the effect on a
