@@ -651,9 +651,11 @@ class Model:
         self.proxy.question_buffers.clear()
 
     def forget_all(self) -> None:
-        """Also the block tokenization memo: nothing of any document kept but what a cache holds."""
-        from rag_opt.models import parallel
+        """Also the block tokenization memo and the decoded entries: nothing of any document kept but what a cache
+        holds."""
+        from rag_opt.models import parallel, question_buffer
 
+        question_buffer.forget(self.proxy)
         self.forget_sets()
         parallel._local_blocks.cache_clear()
 

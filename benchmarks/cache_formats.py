@@ -35,6 +35,7 @@ import numpy as np
 from common import data_dir, paired_bootstrap
 from compression import ContextSpy, bare_forward_ms, hotpot_documents, hotpot_metrics
 
+from rag_opt.models import question_buffer
 from rag_opt.models.encoding_cache import EncodingCache
 from rag_opt.models.kv_codec import FORMATS
 from rag_opt.models.parallel_features import CROSS_READS
@@ -151,7 +152,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 reader.cache = cache
                 # every format's first question starts alike: nothing of these documents read yet but their entries
                 CROSS_READS.clear()
-                sentinel.proxy.question_buffers.clear()
+                question_buffer.forget(sentinel.proxy)
                 for r in ratios:
                     t0 = time.perf_counter()
                     res = pipeline.optimize(ex.question, docs, ratio=r)

@@ -8,7 +8,8 @@ forwards of the proxy over the same prompt are timed between them: in fp32 (an f
 denominator of issue 51's warm target) on the threads a plain forward gets (every core this process may use) and
 on one thread, and in the proxy's own precision (bf16 on a CPU with native bf16):
 
-    python benchmarks/warm_path.py --sets 12 --formats bf16,k8v2,k5vh2q6   # → benchmarks/results/warm_path.json
+    python benchmarks/warm_path.py --sets 12 --formats bf16,k8v2,k5vh2q6 --decoded-max-bytes 0
+    # → benchmarks/results/warm_path.json (every read decodes; the default keeps 256 MiB of decoded entries)
 
 The timed rounds run without a profiler. Then every request runs again under cProfile (``--profile-rounds``; the
 sets still interleaved, so no buffer is reused) and its time is split into stages: segmentation (the unit table),
@@ -79,12 +80,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from rag_opt.compressors.sentinel import SentinelCompressor
+    from rag_opt.models import question_buffer
     from rag_opt.models.encoding_cache import EncodingCache
     from rag_opt.models.kv_codec import resolve_format
     from rag_opt.models.loader import load_proxy_model
     from rag_opt.pipeline import ContextOptimizer
     from rag_opt.training.datasets import read_hotpotqa
 
+    if args.decoded_max_bytes is not None:
+        question_buffer.DECODED_MAX_BYTES = args.decoded_max_bytes
     formats = [resolve_format(f).name for f in args.formats.split(",") if f]
     exs = read_hotpotqa(data_dir() / "hotpotqa" / "dev.jsonl.gz", seed=0, limit=args.offset + args.sets * 4)
     exs = exs[args.offset :]
@@ -146,6 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "threads": args.threads,
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "proxy_precision": sentinel.proxy.precision,
+        "decoded_max_bytes": question_buffer.DECODED_MAX_BYTES,
         "bare_forward_threads": {k: n for k, (_, n) in bare_kinds.items()},
         "bare_forward_ms_median": {k: statistics.median(v) for k, v in bare_ms.items() if v},
         "formats": {},
@@ -189,6 +194,12 @@ def main() -> None:
     ap.add_argument("--formats", default="bf16", help="cache formats, the baseline first")
     ap.add_argument("--threads", default="auto", help="the thread policy: auto, adaptive or a number")
     ap.add_argument("--profile-rounds", type=int, default=3, help="profiled rounds after the timed ones (0: none)")
+    ap.add_argument(
+        "--decoded-max-bytes",
+        type=int,
+        default=None,
+        help="decoded quantized entries kept per model (question_buffer.DECODED_MAX_BYTES; default: the library's)",
+    )
     ap.add_argument("--out", default=str(RESULTS / "warm_path.json"))
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()

@@ -123,6 +123,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from tqdm.auto import tqdm
 
     from rag_opt.compressors.sentinel import SentinelCompressor
+    from rag_opt.models import question_buffer
     from rag_opt.models.encoding_cache import EncodingCache
     from rag_opt.models.parallel_features import CROSS_READS
     from rag_opt.pipeline import ContextOptimizer
@@ -156,7 +157,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 cache.put(k, v)
             sentinel.cache = cache
             CROSS_READS.clear()
-            sentinel.proxy.question_buffers.clear()
+            question_buffer.forget(sentinel.proxy)
             return np.asarray(sentinel.score(question, units).unit, dtype=np.float64)
 
         base = scores(rec.raw)

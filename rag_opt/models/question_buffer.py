@@ -5,6 +5,13 @@ prefix's, then every block's) as one contiguous tensor per layer, with room afte
 values. This module assembles that buffer, keeps the last one per proxy model (another question over the same
 documents reuses it: nothing is copied again), and writes a pass over new documents into the memory of the buffer
 it evicts (no fresh allocation's page faults).
+
+It also keeps the recently read *quantized* entries decoded (:data:`DECODED_MAX_BYTES` per proxy model, least
+recently used evicted): decoding is work per document, not per question, and a compact entry (``k5vh2q6``: 5-bit
+keys from two bit planes, values rotated back) takes several times as long to decode as a bf16 one takes to copy.
+A document read again, with any question and among any other documents, is copied from its decoded states instead.
+Decoded states are rounded to the model's dtype (:func:`rag_opt.models.kv_quant.rounded_into`), so they are kept
+in it losslessly: a buffer assembled from them holds exactly what decoding gives.
 """
 
 from __future__ import annotations
@@ -24,14 +31,19 @@ __all__ = [
     "ASSEMBLED_MAX_BYTES",
     "ASSEMBLE_ONE_ROW_IN_FLOAT32",
     "BUFFER_ROOM",
+    "DECODED_MAX_BYTES",
     "AssembledBuffer",
     "assemble_states",
+    "forget",
 ]
 
 ASSEMBLED_KEEP = 1  # question-pass buffers kept per proxy model (each 2 x layers x KVH x tokens x d floats)
 ASSEMBLED_MAX_BYTES = 128 << 20  # a larger one is not kept (10 HotpotQA paragraphs at 16 layers: ~38 MiB in fp32)
 BUFFER_ROOM = 128  # room a kept buffer has for a question pass's own tokens (more: a new buffer)
 ASSEMBLE_ONE_ROW_IN_FLOAT32 = True  # a one-row pass's buffer in float32 (False: the model's dtype; benchmarks)
+# decoded quantized entries kept per proxy model, in the model's dtype (~13 sets of 10 HotpotQA paragraphs at 16
+# layers in bf16: 12,288 bytes a token); 0: none
+DECODED_MAX_BYTES = 256 << 20
 
 
 @dataclass
@@ -84,7 +96,7 @@ def assemble_states(
         pos = 0
         for part in parts:
             n = part.tokens
-            part.decode_into(buf[:, :, b, :, pos : pos + n], depth)  # decoded straight into place
+            _decode_into(proxy, part, buf[:, :, b, :, pos : pos + n], depth)  # decoded straight into place
             pos += n
         buf[:, :, b, :, pos:] = 0
     buf = buf.to(proxy.device)
@@ -115,3 +127,37 @@ def _spare(proxy: ProxyModel, shape: tuple[int, ...], dtype: torch.dtype) -> tor
     memo.popitem(last=False)
     flat = old.new_empty(0).set_(storage, 0, (storage.nbytes() // old.element_size(),))  # all of it, not the view
     return flat[: math.prod(shape)].view(shape)
+
+
+def _decode_into(proxy: ProxyModel, part: EncodedStates, out: torch.Tensor, depth: int) -> None:
+    """``part``'s first ``depth`` layers written into ``out``: copied from its decoded states when they are kept
+    (:data:`DECODED_MAX_BYTES`), else decoded, and a quantized entry's decoded states then kept in the model's dtype
+    (exactly what was decoded: decoding rounds to it). The caller holds ``proxy.lock``."""
+    if not part.format.quantized or DECODED_MAX_BYTES <= 0:
+        part.decode_into(out, depth)
+        return
+    memo = proxy.decoded_parts
+    key = (id(part), depth)
+    hit = memo.get(key)
+    if hit is not None:
+        memo.move_to_end(key)
+        out.copy_(hit[1])
+        return
+    part.decode_into(out, depth)
+    kept = out.to(part.dtype, copy=True)
+    size = kept.numel() * kept.element_size()
+    if size > DECODED_MAX_BYTES:
+        return
+    memo[key] = (part, kept)  # the part held: its id in the key stays its own
+    proxy.decoded_bytes += size
+    while proxy.decoded_bytes > DECODED_MAX_BYTES:
+        _, (_, evicted) = memo.popitem(last=False)
+        proxy.decoded_bytes -= evicted.numel() * evicted.element_size()
+
+
+def forget(proxy: ProxyModel) -> None:
+    """Drop every kept buffer and decoded entry of ``proxy`` (benchmarks that time decoding; tests). The caller
+    holds ``proxy.lock`` or runs nothing else on the model."""
+    proxy.question_buffers.clear()
+    proxy.decoded_parts.clear()
+    proxy.decoded_bytes = 0
