@@ -144,10 +144,10 @@ def _decode_into(proxy: ProxyModel, part: EncodedStates, out: torch.Tensor, dept
         out.copy_(hit[1])
         return
     part.decode_into(out, depth)
-    kept = out.to(part.dtype, copy=True)
-    size = kept.numel() * kept.element_size()
-    if size > DECODED_MAX_BYTES:
+    size = out.numel() * part.dtype.itemsize
+    if size > DECODED_MAX_BYTES:  # too large to keep: not copied at all
         return
+    kept = out.to(part.dtype, copy=True)
     memo[key] = (part, kept)  # the part held: its id in the key stays its own
     proxy.decoded_bytes += size
     while proxy.decoded_bytes > DECODED_MAX_BYTES:
