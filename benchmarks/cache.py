@@ -656,6 +656,9 @@ class Model:
         from rag_opt.models import parallel, question_buffer
 
         question_buffer.forget(self.proxy)
+        cache = getattr(self.sentinel, "cache", None)
+        if cache is not None:
+            cache.decoded.clear()
         self.forget_sets()
         parallel._local_blocks.cache_clear()
 

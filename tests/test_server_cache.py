@@ -72,6 +72,22 @@ def test_which_cache_the_settings_build(argv: list[str], env: dict[str, str], ex
     assert cache is None or cache.disk is None
 
 
+def test_the_decoded_entries_bound_from_the_flag_or_the_variable(tmp_path: Path) -> None:
+    from rag_opt.models.decoded_entries import DEFAULT_DECODED_BYTES
+
+    def bound(argv: list[str], env: dict[str, str] | None = None) -> int:
+        cache = build_encoding_cache(settings(["--encoding", "parallel", *argv], env))
+        assert cache is not None
+        return cache.decoded.max_bytes
+
+    assert bound([]) == DEFAULT_DECODED_BYTES
+    assert bound(["--cache-decoded-bytes", "1000"]) == 1000
+    assert bound([], {"RAG_OPT_ENCODING_CACHE_DECODED_BYTES": "0"}) == 0
+    assert bound(["--cache-bytes", "0", "--cache-dir", str(tmp_path)]) == 0  # no memory tier: none kept
+    with pytest.raises(ConfigurationError, match=r"encoding_cache_decoded_bytes \(from --cache-decoded-bytes\)"):
+        settings(["--cache-decoded-bytes", "-1"])
+
+
 def test_a_disk_tier_alone(tmp_path: Path) -> None:
     cache = build_encoding_cache(
         settings(
@@ -172,6 +188,28 @@ def test_requests_share_the_cache_and_report_their_hits(upstream: tuple[FakeUpst
         assert metrics["ragopt_encoding_cache_entries"] == 2 * len(DOCS) + 1
         assert metrics["ragopt_encoding_cache_bytes"] == stats["encoding_cache"]["bytes"] > 0
         assert metrics["ragopt_encoding_cache_max_bytes"] == DEFAULT_CACHE_BYTES
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("bound", [0, 64 << 20])
+def test_decoded_entries_keep_their_bound_and_show_in_metrics(upstream: tuple[FakeUpstream, str], bound: int) -> None:
+    """Documents read again in a new set are copied from their kept decoded states (the default format is compact),
+    within --cache-decoded-bytes; 0 keeps none, and every read decodes."""
+    with serve_proxy(upstream[1], None, encoding="parallel", encoding_cache_decoded_bytes=bound) as (url, state):
+        for docs in (DOCS[:2], DOCS[2:], DOCS[:2]):  # the last set is read again into a new buffer
+            assert chat(url, docs).headers["x-ragopt-status"] == "optimized"
+        stats = state.cache.stats()
+        metrics = parse_metrics(httpx.get(f"{url}/metrics").text)
+        assert metrics["ragopt_encoding_cache_decoded_max_bytes"] == stats.decoded_max_bytes == bound
+        assert metrics["ragopt_encoding_cache_decoded_bytes"] == stats.decoded_bytes <= bound
+        assert metrics["ragopt_encoding_cache_decoded_entries"] == stats.decoded_entries
+        assert metrics["ragopt_encoding_cache_decoded_hits_total"] == stats.decoded_hits
+        if bound:
+            assert stats.decoded_hits >= 3  # the prefix and both documents of the first set
+            assert stats.decoded_entries >= len(DOCS) + 1 and stats.decoded_bytes > 0
+        else:
+            assert stats.decoded_hits == stats.decoded_entries == stats.decoded_bytes == 0
+        state.cache.close()
 
 
 @pytest.mark.model

@@ -18,6 +18,9 @@ Tiers, looked up in this order (a hit in a lower tier is copied into the ones ab
 * **shared** (``shared="redis://host:port/db"``, :mod:`rag_opt.models.cache_redis`): Redis or Valkey, shared by
   every replica; entries carry a TTL and the store's own memory policy evicts.
 
+Besides, the decoded states of the compact entries its question passes read last are kept (``decoded_bytes``,
+:mod:`rag_opt.models.decoded_entries`): a document read again is copied, not decoded.
+
 A store tier never takes optimization down: a full or read-only disk, a held lock, a store that is down or slow is
 counted, logged at most once a minute, and answered as a miss (the block is encoded again) or as nothing kept
 (:mod:`rag_opt.models.cache_store`). Every entry read from a store is checked (key, format, checksum) before use.
@@ -40,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from rag_opt.errors import InvalidInputError
 from rag_opt.models.cache_store import RateLimitedLog, StoreTier, TierStats
+from rag_opt.models.decoded_entries import DEFAULT_DECODED_BYTES, DecodedEntries
 from rag_opt.models.kv_codec import DEFAULT_FORMAT, EncodedStates, KVFormat, encode_states, from_bytes, resolve_format
 from rag_opt.models.prompt import PARALLEL_TEMPLATE_ID
 
@@ -125,7 +129,8 @@ class CacheStats:
     """Counters of an :class:`EncodingCache` since it was made. ``hits`` and ``misses`` count lookups over all
     tiers; ``memory_hits``, ``disk_hits`` and ``shared_hits`` the usable entries each tier answered; ``corrupt`` the
     entries read from a store tier and refused (unreadable, another key's: removed, recomputed); ``tiers`` each store
-    tier's own counters (a store tier counts a hit for every entry it returns, refused or not)."""
+    tier's own counters (a store tier counts a hit for every entry it returns, refused or not); ``decoded_*`` the
+    decoded copies of compact entries kept for question passes (:mod:`rag_opt.models.decoded_entries`)."""
 
     hits: int
     misses: int
@@ -140,6 +145,10 @@ class CacheStats:
     bytes: int
     max_bytes: int
     format: str = DEFAULT_FORMAT
+    decoded_hits: int = 0
+    decoded_entries: int = 0
+    decoded_bytes: int = 0
+    decoded_max_bytes: int = 0
     tiers: tuple[TierStats, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
@@ -161,6 +170,9 @@ class EncodingCache:
             :data:`~rag_opt.models.kv_codec.DEFAULT_FORMAT`).
         namespace: a namespace of this cache's own, under any per-request one (:func:`cache_namespace`).
         ttl: the shared tier's entry lifetime in seconds.
+        decoded_bytes: the bound of the decoded copies of compact entries kept for question passes (default
+            256 MiB, :mod:`rag_opt.models.decoded_entries`); 0 decodes every read. Unused with ``bf16`` and
+            with no memory tier.
     """
 
     def __init__(
@@ -173,11 +185,15 @@ class EncodingCache:
         format: str | KVFormat | None = None,  # noqa: A002 - the option's public name
         namespace: str = "",
         ttl: float | None = None,
+        decoded_bytes: int = DEFAULT_DECODED_BYTES,
     ) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
             raise InvalidInputError(f"cache max_bytes must be an integer >= 0, got {max_bytes!r}")
         self.max_bytes = max_bytes
         self.format = resolve_format(format)
+        self.decoded = DecodedEntries(decoded_bytes)
+        if max_bytes == 0:  # keyed by the entries the memory tier hands out: without one, none is found again
+            self.decoded.max_bytes = 0
         self.namespace = namespace
         self.disk: Path | None = None
         self.disk_tier: StoreTier | None = None
@@ -309,14 +325,20 @@ class EncodingCache:
             bytes=size,
             max_bytes=self.max_bytes,
             format=self.format.name,
+            decoded_hits=self.decoded.hits,
+            decoded_entries=len(self.decoded),
+            decoded_bytes=self.decoded.bytes,
+            decoded_max_bytes=self.decoded.max_bytes,
             tiers=tiers,
         )
 
     def clear(self) -> None:
-        """Empty the memory tier (the store tiers stay: ``rag-opt cache clear`` empties a disk folder)."""
+        """Empty the memory tier and the decoded entries (the store tiers stay: ``rag-opt cache clear`` empties a
+        disk folder)."""
         with self._lock:
             self._entries.clear()
             self._bytes = 0
+        self.decoded.clear()
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait up to ``timeout`` seconds for the store tiers' background writes; True when all were written."""

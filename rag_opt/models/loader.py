@@ -85,9 +85,6 @@ class ProxyModel:
     precision_name: str | None = None  # what it was loaded as ("int8" runs float32 activations); None: from dtype
     # the last question passes' assembled key/value buffers (rag_opt.models.question_buffer; used under ``lock``)
     question_buffers: OrderedDict[tuple[int, ...], Any] = field(default_factory=OrderedDict, repr=False, compare=False)
-    # recently read quantized cache entries, decoded (rag_opt.models.question_buffer; used under ``lock``)
-    decoded_parts: OrderedDict[tuple[int, int], Any] = field(default_factory=OrderedDict, repr=False, compare=False)
-    decoded_bytes: int = field(default=0, repr=False, compare=False)
 
     @property
     def precision(self) -> str:

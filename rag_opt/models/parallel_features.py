@@ -192,11 +192,12 @@ def _read_questions(
     """Each row's features from batched question passes (:func:`_question_batches`), in ``rows``' order, with its
     cache hits and misses and, with cross, its cross-document reading."""
     fmt = found.cache.format.name if found.cache is not None else DEFAULT_FORMAT
+    decoded = found.cache.decoded if found.cache is not None else None  # none kept without a cache: never read again
     out: list[AttentionFeatures | None] = [None] * len(rows)
     for batch in _question_batches(rows):
         checkpoint()
         with proxy.lock:
-            capture = run_question_passes(proxy, [rows[j] for j in batch], layers)
+            capture = run_question_passes(proxy, [rows[j] for j in batch], layers, decoded)
         for b, j in enumerate(batch):
             feats = _features(rows[j].prompt, [capture.sums[layer][b] for layer in range(layers)])
             feats.cache_hits, feats.cache_misses = hits[j], misses[j]

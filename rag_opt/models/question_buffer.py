@@ -6,12 +6,9 @@ values. This module assembles that buffer, keeps the last one per proxy model (a
 documents reuses it: nothing is copied again), and writes a pass over new documents into the memory of the buffer
 it evicts (no fresh allocation's page faults).
 
-It also keeps the recently read *quantized* entries decoded (:data:`DECODED_MAX_BYTES` per proxy model, least
-recently used evicted): decoding is work per document, not per question, and a compact entry (``k5vh2q6``: 5-bit
-keys from two bit planes, values rotated back) takes several times as long to decode as a bf16 one takes to copy.
-A document read again, with any question and among any other documents, is copied from its decoded states instead.
-Decoded states are rounded to the model's dtype (:func:`rag_opt.models.kv_quant.rounded_into`), so they are kept
-in it losslessly: a buffer assembled from them holds exactly what decoding gives.
+A compact entry is written into place by the cache's decoded entries when the pass has them
+(:class:`~rag_opt.models.decoded_entries.DecodedEntries`: a document read again is copied from its decoded states,
+not decoded again), else decoded.
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from rag_opt.models.decoded_entries import DecodedEntries
     from rag_opt.models.kv_codec import EncodedStates
     from rag_opt.models.loader import ProxyModel
 
@@ -31,7 +29,6 @@ __all__ = [
     "ASSEMBLED_MAX_BYTES",
     "ASSEMBLE_ONE_ROW_IN_FLOAT32",
     "BUFFER_ROOM",
-    "DECODED_MAX_BYTES",
     "AssembledBuffer",
     "assemble_states",
     "forget",
@@ -41,9 +38,6 @@ ASSEMBLED_KEEP = 1  # question-pass buffers kept per proxy model (each 2 x layer
 ASSEMBLED_MAX_BYTES = 128 << 20  # a larger one is not kept (10 HotpotQA paragraphs at 16 layers: ~38 MiB in fp32)
 BUFFER_ROOM = 128  # room a kept buffer has for a question pass's own tokens (more: a new buffer)
 ASSEMBLE_ONE_ROW_IN_FLOAT32 = True  # a one-row pass's buffer in float32 (False: the model's dtype; benchmarks)
-# decoded quantized entries kept per proxy model, in the model's dtype (~13 sets of 10 HotpotQA paragraphs at 16
-# layers in bf16: 12,288 bytes a token); 0: none
-DECODED_MAX_BYTES = 256 << 20
 
 
 @dataclass
@@ -56,7 +50,12 @@ class AssembledBuffer:
 
 
 def assemble_states(
-    proxy: ProxyModel, row_parts: Sequence[Sequence[EncodedStates]], depth: int, c_max: int, s_max: int
+    proxy: ProxyModel,
+    row_parts: Sequence[Sequence[EncodedStates]],
+    depth: int,
+    c_max: int,
+    s_max: int,
+    decoded: DecodedEntries | None = None,
 ) -> torch.Tensor:
     """The buffer ``(2, layers, B, KVH, c_max + room, d)`` of a question pass: each batch row's cached parts copied
     once into place, with room after them for the pass's own keys and values (written there layer by layer:
@@ -64,6 +63,8 @@ def assemble_states(
     nothing is copied again (padding is zeroed and masked). A one-row buffer of at most
     :data:`ASSEMBLED_MAX_BYTES` in float32 is float32, the precision the question attention reads keys and values
     in (converted once here, not per layer); any other keeps the model's dtype.
+
+    ``decoded``: the cache's decoded entries, which write compact parts into place (None: each is decoded).
 
     A pass of one batch row over the same parts as a recent one (another question over the same documents) reuses
     that pass's buffer: the parts are copied once, not per question. The last :data:`ASSEMBLED_KEEP` buffers of at
@@ -96,7 +97,11 @@ def assemble_states(
         pos = 0
         for part in parts:
             n = part.tokens
-            _decode_into(proxy, part, buf[:, :, b, :, pos : pos + n], depth)  # decoded straight into place
+            into = buf[:, :, b, :, pos : pos + n]  # decoded straight into place
+            if decoded is not None:
+                decoded.decode_into(part, into, depth)
+            else:
+                part.decode_into(into, depth)
             pos += n
         buf[:, :, b, :, pos:] = 0
     buf = buf.to(proxy.device)
@@ -129,35 +134,7 @@ def _spare(proxy: ProxyModel, shape: tuple[int, ...], dtype: torch.dtype) -> tor
     return flat[: math.prod(shape)].view(shape)
 
 
-def _decode_into(proxy: ProxyModel, part: EncodedStates, out: torch.Tensor, depth: int) -> None:
-    """``part``'s first ``depth`` layers written into ``out``: copied from its decoded states when they are kept
-    (:data:`DECODED_MAX_BYTES`), else decoded, and a quantized entry's decoded states then kept in the model's dtype
-    (exactly what was decoded: decoding rounds to it). The caller holds ``proxy.lock``."""
-    if not part.format.quantized or DECODED_MAX_BYTES <= 0:
-        part.decode_into(out, depth)
-        return
-    memo = proxy.decoded_parts
-    key = (id(part), depth)
-    hit = memo.get(key)
-    if hit is not None:
-        memo.move_to_end(key)
-        out.copy_(hit[1])
-        return
-    part.decode_into(out, depth)
-    size = out.numel() * part.dtype.itemsize
-    if size > DECODED_MAX_BYTES:  # too large to keep: not copied at all
-        return
-    kept = out.to(part.dtype, copy=True)
-    memo[key] = (part, kept)  # the part held: its id in the key stays its own
-    proxy.decoded_bytes += size
-    while proxy.decoded_bytes > DECODED_MAX_BYTES:
-        _, (_, evicted) = memo.popitem(last=False)
-        proxy.decoded_bytes -= evicted.numel() * evicted.element_size()
-
-
 def forget(proxy: ProxyModel) -> None:
-    """Drop every kept buffer and decoded entry of ``proxy`` (benchmarks that time decoding; tests). The caller
-    holds ``proxy.lock`` or runs nothing else on the model."""
+    """Drop every kept buffer of ``proxy`` (benchmarks that time assembling; tests). The caller holds
+    ``proxy.lock`` or runs nothing else on the model."""
     proxy.question_buffers.clear()
-    proxy.decoded_parts.clear()
-    proxy.decoded_bytes = 0

@@ -20,6 +20,7 @@ from rag_opt.models.threads import QUESTION_PASS_THREADS
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from rag_opt.models.decoded_entries import DecodedEntries
     from rag_opt.models.kv_codec import EncodedStates
     from rag_opt.models.loader import ProxyModel
 
@@ -61,10 +62,12 @@ def question_mask(lengths: Sequence[int], questions: Sequence[Sequence[int]], dt
     return mask
 
 
-def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: int) -> Capture:
+def run_question_passes(
+    proxy: ProxyModel, rows: Sequence[QuestionPass], depth: int, decoded: DecodedEntries | None = None
+) -> Capture:
     """One batched question pass over ``rows``' cached blocks, stopping after ``depth`` layers; returns the
     capture, whose items follow ``rows`` (attention rows of every row's question tokens and final token over its
-    context tokens).
+    context tokens). ``decoded``: the cache's decoded entries, which compact blocks are read through.
 
     Rows that read the same cached states (the same documents, e.g. several questions over one retrieved set) are
     packed into one batch row: their cached states are stored once, and each question attends to them and to
@@ -77,7 +80,7 @@ def run_question_passes(proxy: ProxyModel, rows: Sequence[QuestionPass], depth: 
     lengths = [rows[m[0]].length for m in members]
     questions = [[len(rows[i].prompt.question_ids) for i in m] for m in members]
     c_max, s_max = max(lengths), max(sum(q) for q in questions)
-    buf = question_buffer.assemble_states(proxy, [rows[m[0]].parts for m in members], depth, c_max, s_max)
+    buf = question_buffer.assemble_states(proxy, [rows[m[0]].parts for m in members], depth, c_max, s_max, decoded)
     ids, positions, items = _question_inputs(proxy, rows, members, lengths, s_max)
     capture = Capture(
         items=items,

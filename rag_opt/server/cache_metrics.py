@@ -4,7 +4,8 @@ it counted.
 
 * the whole cache (all 0 when there is no cache): lookups answered and not (``hits``, ``misses``; ``memory_hits``,
   ``disk_hits`` and ``shared_hits`` by the tier that answered), the disk tier's writes and corrupt entries, the
-  memory tier's evictions, entries, bytes and bound (:data:`ENCODING_CACHE_COUNTERS`,
+  memory tier's evictions, entries, bytes and bound, and the decoded copies of compact entries kept for question
+  passes: reads they answered, entries, bytes and bound (:data:`ENCODING_CACHE_COUNTERS`,
   :data:`ENCODING_CACHE_GAUGES`);
 * each store tier, labelled ``tier`` (``disk``, ``shared``; only the tiers the cache has):
   ``ragopt_encoding_cache_tier_*`` (:data:`ENCODING_CACHE_TIER_COUNTERS`, :data:`ENCODING_CACHE_TIER_GAUGES`):
@@ -50,6 +51,10 @@ ENCODING_CACHE_COUNTERS = {
         "Corrupt, truncated or foreign encoding cache entries found (dropped and recomputed, never trusted).",
     ),
     "evictions": ("ragopt_encoding_cache_evictions", "Encodings evicted from the memory tier (least recently used)."),
+    "decoded_hits": (
+        "ragopt_encoding_cache_decoded_hits",
+        "Compact entries a question pass copied from their kept decoded states instead of decoding them.",
+    ),
 }
 ENCODING_CACHE_GAUGES = {
     "entries": ("ragopt_encoding_cache_entries", "Encodings held in the encoding cache's memory tier."),
@@ -57,6 +62,12 @@ ENCODING_CACHE_GAUGES = {
     "max_bytes": (
         "ragopt_encoding_cache_max_bytes",
         "Bound of the encoding cache's memory tier in bytes (--cache-bytes).",
+    ),
+    "decoded_entries": ("ragopt_encoding_cache_decoded_entries", "Compact entries whose decoded states are kept."),
+    "decoded_bytes": ("ragopt_encoding_cache_decoded_bytes", "Bytes of the kept decoded states of compact entries."),
+    "decoded_max_bytes": (
+        "ragopt_encoding_cache_decoded_max_bytes",
+        "Bound of the kept decoded states of compact entries in bytes (--cache-decoded-bytes).",
     ),
 }
 # each store tier (label tier: disk, shared): TierStats field -> (metric family, help); counters get "_total"

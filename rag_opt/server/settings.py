@@ -16,20 +16,20 @@ default is turned off by ``--no-<name>``. A variable set to an empty value count
 from __future__ import annotations
 
 import os
-import types
 from collections.abc import Mapping
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic.fields import FieldInfo
 
 from rag_opt.errors import ConfigurationError
 from rag_opt.models.cache_disk import DEFAULT_DISK_BYTES
+from rag_opt.models.decoded_entries import DEFAULT_DECODED_BYTES
 from rag_opt.models.encoding_cache import DEFAULT_CACHE_BYTES
 from rag_opt.models.kv_codec import DEFAULT_FORMAT, FORMATS
 from rag_opt.options import BUDGET_FIELDS, OptimizerOptions
 from rag_opt.server.option_settings import options_settings_model, settings_options
+from rag_opt.server.setting_fields import base_type, field_extra
 from rag_opt.server.settings_checks import (
     check_cache_dir,
     check_cache_format,
@@ -159,6 +159,14 @@ class ProxySettings(_OptimizerSettings):
         "and quality): bf16 (the model's dtype, unchanged), int8, or kNvM (keys in N bits, values in M; g, h, w, q: "
         "rag_opt.models.kv_codec)",
         json_schema_extra={"flag": "--cache-format", "choices": list(FORMATS)},
+    )
+    encoding_cache_decoded_bytes: int = Field(
+        default=DEFAULT_DECODED_BYTES,
+        ge=0,
+        description="bound in bytes of the decoded copies of compact entries kept for the documents read last (in the "
+        "model's dtype, least recently read evicted): a document read again is copied, not decoded (0: decode "
+        "every read; unused with --cache-format bf16)",
+        json_schema_extra={"flag": "--cache-decoded-bytes", "metavar": "BYTES"},
     )
     cache_namespace: str = Field(
         default="none",
@@ -422,21 +430,6 @@ class ProxySettings(_OptimizerSettings):
 
 
 # -- the names of the flags (rag_opt.server.settings_cli generates them) -------------------------------------------
-def field_extra(info: FieldInfo) -> dict[str, Any]:
-    """A settings field's extra schema values (``flag``, ``metavar``, ``choices``)."""
-    extra = info.json_schema_extra
-    return extra if isinstance(extra, dict) else {}
-
-
-def base_type(annotation: Any) -> Any:
-    """``X`` of ``X | None``."""
-    if get_origin(annotation) in (Union, types.UnionType):
-        args = [a for a in get_args(annotation) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return annotation
-
-
 def cli_flag(name: str) -> str:
     """The command-line flag of setting ``name``: ``--<name>`` with dashes, ``--no-<name>`` for a boolean that
     is on by default, or the field's own (``--model`` for ``proxy_model``)."""

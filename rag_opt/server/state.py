@@ -66,6 +66,7 @@ def build_encoding_cache(settings: ProxySettings) -> EncodingCache | None:
         disk_bytes=settings.encoding_cache_disk_bytes,
         shared=shared,
         format=settings.encoding_cache_format,
+        decoded_bytes=settings.encoding_cache_decoded_bytes,
     )
 
 
