@@ -93,17 +93,7 @@ def assemble_states(
     buf = _spare(proxy, shape, dtype) if key is not None else None
     if buf is None:
         buf = torch.empty(shape, dtype=dtype)
-    for b, parts in enumerate(row_parts):
-        pos = 0
-        for part in parts:
-            n = part.tokens
-            into = buf[:, :, b, :, pos : pos + n]  # decoded straight into place
-            if decoded is not None:
-                decoded.decode_into(part, into, depth)
-            else:
-                part.decode_into(into, depth)
-            pos += n
-        buf[:, :, b, :, pos:] = 0
+    _fill(buf, row_parts, depth, decoded)
     buf = buf.to(proxy.device)
     if key is not None and buf.numel() * buf.element_size() <= ASSEMBLED_MAX_BYTES:
         memo = proxy.question_buffers
@@ -112,6 +102,22 @@ def assemble_states(
         while len(memo) > ASSEMBLED_KEEP:
             memo.popitem(last=False)
     return buf
+
+
+def _fill(
+    buf: torch.Tensor, row_parts: Sequence[Sequence[EncodedStates]], depth: int, decoded: DecodedEntries | None
+) -> None:
+    """Each batch row's parts decoded straight into place in ``buf``, one after the other, the rest zeroed."""
+    for b, parts in enumerate(row_parts):
+        pos = 0
+        for part in parts:
+            into = buf[:, :, b, :, pos : pos + part.tokens]
+            if decoded is not None:
+                decoded.decode_into(part, into, depth)
+            else:
+                part.decode_into(into, depth)
+            pos += part.tokens
+        buf[:, :, b, :, pos:] = 0
 
 
 def _spare(proxy: ProxyModel, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
